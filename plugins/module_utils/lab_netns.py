@@ -1,0 +1,477 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Build, inspect and remove the local lab: namespaces, cables, bridges, SSH daemons.
+
+Each lab host is a named network namespace (``<lab>-node<i>``) plus a holder
+process started inside it with its own mount, UTS, IPC and PID namespaces
+(``lab_init.py`` is PID 1 there and runs the host's sshd). Cables are veth
+pairs created straight into the two hosts' namespaces, so the machine's own
+namespace only ever holds the management bridge ``<lab>-mgmt`` and one veth
+end per host (``<lab>-m<i>``). Nothing here touches a name outside those
+patterns, so labs with different names and subnets coexist.
+
+Plain Python: the module ``meshkit.cluster.lab`` drives it; tests may too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import (
+    HOST_BRIDGE,
+    HOST_MGMT_PORT,
+    LabPlan,
+)
+
+STATE_VERSION = 1
+SSH_PORT = 22
+
+
+class LabError(RuntimeError):
+    """A lab operation failed; the message names the command or host."""
+
+
+def run(cmd: list[str], stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command in the C locale; on failure raise LabError quoting it and its stderr."""
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    try:
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env, check=False)
+    except FileNotFoundError as exc:
+        raise LabError(f"{cmd[0]} is not installed ({exc}); run 'make deps' as root") from exc
+    if check and proc.returncode != 0:
+        shown = " ".join(cmd)
+        if stdin:
+            shown += " <<EOF\n" + stdin + "EOF"
+        raise LabError(f"command failed (rc={proc.returncode}): {shown}\n{proc.stderr.strip()}")
+    return proc
+
+
+def ip_json(*args: str) -> Any:
+    out = run(["ip", "-j", *args]).stdout
+    return json.loads(out) if out.strip() else []
+
+
+def tbf_burst(rate: str) -> int:
+    """Bytes of burst for a tc rate: 10 ms at that rate, at least 32 KiB (a GSO packet and more)."""
+    match = re.fullmatch(r"([0-9.]+)([kmgt]?)(bit|bps)", rate)
+    if not match:
+        raise LabError(f"lab_link_rate {rate!r} is not a tc rate")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[match.group(2)]
+    bits = float(match.group(1)) * scale * (8 if match.group(3) == "bps" else 1)
+    return max(int(bits / 8 / 100), 32 * 1024)
+
+
+class Lab:
+    """One named lab on this machine, as planned in a LabPlan."""
+
+    def __init__(self, plan: LabPlan, lab_dir: str, init_script: str, python: str,
+                 sshd: str = "/usr/sbin/sshd", ssh_timeout: float = 30.0) -> None:
+        self.plan = plan
+        self.dir = Path(lab_dir)
+        self.init_script = init_script
+        self.python = python
+        self.sshd = sshd
+        self.ssh_timeout = ssh_timeout
+        self.netns_re = re.compile(rf"^{re.escape(plan.name)}-node[0-9]+$")
+        self.root_port_re = re.compile(rf"^{re.escape(plan.name)}-m[0-9]+$")
+
+    # ---- paths -------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    @property
+    def client_key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def control_dir(self) -> Path:
+        return self.dir / "cp"
+
+    def host_dir(self, name: str) -> Path:
+        return self.dir / "hosts" / name
+
+    def state_dir(self, name: str) -> Path:
+        return self.host_dir(name) / "state"
+
+    # ---- what exists -------------------------------------------------------
+    def recorded(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if data.get("version") == STATE_VERSION else None
+
+    def existing_netns(self) -> list[str]:
+        names = []
+        for entry in ip_json("netns", "list"):
+            if self.netns_re.match(entry.get("name", "")):
+                names.append(entry["name"])
+        return sorted(names)
+
+    def existing_root_links(self) -> list[str]:
+        names = []
+        for link in ip_json("link", "show"):
+            name = link.get("ifname", "")
+            if name == self.plan.mgmt_bridge or self.root_port_re.match(name):
+                names.append(name)
+        return names
+
+    def exists(self) -> bool:
+        return bool(self.existing_netns() or self.existing_root_links() or self.dir.exists())
+
+    def route_conflicts(self) -> list[str]:
+        """Routes of this machine that the management subnet would overlap (other than our own)."""
+        subnet = ipaddress.IPv4Network(self.plan.mgmt_subnet)
+        conflicts = []
+        for route in ip_json("-4", "route", "show", "table", "all"):
+            dst = route.get("dst", "")
+            if dst in ("", "default") or route.get("dev") == self.plan.mgmt_bridge:
+                continue
+            try:
+                net = ipaddress.IPv4Network(dst if "/" in dst else dst + "/32", strict=False)
+            except ValueError:
+                continue
+            if net.overlaps(subnet):
+                where = f" dev {route['dev']}" if route.get("dev") else ""
+                conflicts.append(f"{route.get('type', 'unicast')} {dst}{where}")
+        return sorted(set(conflicts))
+
+    def observed_cables(self) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+        """The cables the kernel has, read from each veth's peer namespace and index."""
+        by_ns = {h.netns: h.name for h in self.plan.hosts}
+        index: dict[tuple[str, int], str] = {}
+        peers: list[tuple[str, str, str, int]] = []
+        for host in self.plan.hosts:
+            ids = {}
+            for entry in ip_json("-n", host.netns, "netns", "list-id"):
+                if "name" in entry:
+                    ids[entry["nsid"]] = entry["name"]
+            for link in ip_json("-n", host.netns, "-d", "link", "show"):
+                index[(host.name, link["ifindex"])] = link["ifname"]
+                peer_ns = ids.get(link.get("link_netnsid"))
+                if link["ifname"].startswith("tb") and peer_ns in by_ns:
+                    peers.append((host.name, link["ifname"], by_ns[peer_ns], link["link_index"]))
+        cables = set()
+        for host, port, peer_host, peer_index in peers:
+            peer_port = index.get((peer_host, peer_index))
+            if peer_port:
+                cables.add(tuple(sorted([(host, port), (peer_host, peer_port)])))
+        return sorted(cables)  # type: ignore[arg-type]
+
+    def live_macs(self) -> dict[str, dict[str, str]]:
+        macs: dict[str, dict[str, str]] = {}
+        for host in self.plan.hosts:
+            links = ip_json("-n", host.netns, "link", "show")
+            macs[host.name] = {link["ifname"]: link.get("address", "") for link in links}
+        return macs
+
+    def problems(self) -> list[str]:
+        """Why the running lab is not the planned one; empty when it is."""
+        state = self.recorded()
+        if state is None:
+            return ["the lab is not built"]
+        if state["plan"] != self.plan.as_dict():
+            return [describe_change(state["plan"], self.plan.as_dict())]
+        problems = []
+        netns = set(self.existing_netns())
+        for host in self.plan.hosts:
+            if host.netns not in netns:
+                problems.append(f"{host.name}: namespace {host.netns} is missing")
+                continue
+            pid = state["holders"].get(host.name)
+            if not pid or not self._holder_alive(host.netns, pid):
+                problems.append(f"{host.name}: its holder process is gone")
+                continue
+            names = {link["ifname"] for link in ip_json("-n", host.netns, "link", "show")}
+            wanted = {"lo", HOST_MGMT_PORT, HOST_BRIDGE, *host.ports}
+            if names != wanted:
+                problems.append(f"{host.name}: has ports {sorted(names)}, expected {sorted(wanted)}")
+        if problems:
+            return problems
+        want = sorted(
+            tuple(sorted([(c.a.host, c.a.port), (c.b.host, c.b.port)])) for c in self.plan.cables
+        )
+        if self.observed_cables() != want:
+            problems.append("the cables in the kernel differ from the plan")
+        for host in self.plan.hosts:
+            if not _port_open(host.mgmt_ip, SSH_PORT, 1.0):
+                problems.append(f"{host.name}: sshd does not answer on {host.mgmt_ip}:{SSH_PORT}")
+        return problems
+
+    @staticmethod
+    def _holder_alive(netns: str, pid: int) -> bool:
+        try:
+            return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
+        except OSError:
+            return False
+
+    # ---- build -------------------------------------------------------------
+    def build(self) -> None:
+        self._write_files()
+        plan = self.plan
+        prefix = ipaddress.IPv4Network(plan.mgmt_subnet).prefixlen
+
+        # The machine's side: namespaces, management bridge and one veth per host,
+        # then every cable straight into its two namespaces.
+        root = [f"netns add {h.netns}" for h in plan.hosts]
+        root += [
+            f"link add {plan.mgmt_bridge} type bridge",
+            f"addr add {plan.controller_ip}/{prefix} dev {plan.mgmt_bridge}",
+            f"link set {plan.mgmt_bridge} up",
+        ]
+        for h in plan.hosts:
+            root += [
+                f"link add {h.mgmt_root_port} type veth peer name {HOST_MGMT_PORT} netns {h.netns}",
+                f"link set {h.mgmt_root_port} master {plan.mgmt_bridge}",
+                f"link set {h.mgmt_root_port} up",
+            ]
+        ns_of = {h.name: h.netns for h in plan.hosts}
+        for c in plan.cables:
+            root.append(
+                f"link add {c.a.port} netns {ns_of[c.a.host]} type veth "
+                f"peer name {c.b.port} netns {ns_of[c.b.host]}"
+            )
+        run(["ip", "-batch", "-"], stdin="\n".join(root) + "\n")
+
+        # Inside each host: ports enslaved to bridge0 (STP on, as a Mac's
+        # Thunderbolt Bridge across a loop would need), management address.
+        for h in plan.hosts:
+            cmds = [
+                "link set lo up",
+                f"link add {HOST_BRIDGE} type bridge stp_state 1",
+            ]
+            for port in h.ports:
+                cmds += [f"link set {port} master {HOST_BRIDGE}", f"link set {port} up"]
+            cmds += [
+                f"link set {HOST_BRIDGE} up",
+                f"addr add {h.mgmt_ip}/{prefix} dev {HOST_MGMT_PORT}",
+                f"link set {HOST_MGMT_PORT} up",
+            ]
+            run(["ip", "-n", h.netns, "-batch", "-"], stdin="\n".join(cmds) + "\n")
+            if plan.link_rate and h.ports:
+                burst = tbf_burst(plan.link_rate)
+                tc = [
+                    f"qdisc replace dev {port} root tbf rate {plan.link_rate} burst {burst} latency 20ms"
+                    for port in h.ports
+                ]
+                run(["tc", "-n", h.netns, "-batch", "-"], stdin="\n".join(tc) + "\n")
+
+        holders = {h.name: self._start_holder(h.name, h.netns) for h in plan.hosts}
+        self._wait_for_sshd()
+        known_hosts = self._scan_host_keys()
+        state = {
+            "version": STATE_VERSION,
+            "plan": plan.as_dict(),
+            "holders": holders,
+            "known_hosts": known_hosts,
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.state_file)
+
+    def _write_files(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.chmod(0o700)
+        self.control_dir.mkdir(exist_ok=True)
+        if not self.client_key.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"meshkit-lab-{self.plan.name}",
+                 "-f", str(self.client_key)])
+        auth = self.dir / "authorized_keys"
+        auth.write_text(Path(str(self.client_key) + ".pub").read_text())
+        auth.chmod(0o600)
+        for h in self.plan.hosts:
+            hdir = self.host_dir(h.name)
+            self.state_dir(h.name).mkdir(parents=True, exist_ok=True)
+            key = hdir / "ssh_host_ed25519_key"
+            if not key.exists():
+                run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(key)])
+            (hdir / "sshd_config").write_text(
+                "\n".join(
+                    [
+                        f"# meshkit lab {self.plan.name}, host {h.name}: written by playbooks/lab.yml",
+                        f"ListenAddress {h.mgmt_ip}:{SSH_PORT}",
+                        f"HostKey {key}",
+                        f"AuthorizedKeysFile {auth}",
+                        "PidFile none",
+                        "PermitRootLogin prohibit-password",
+                        "PubkeyAuthentication yes",
+                        "PasswordAuthentication no",
+                        "KbdInteractiveAuthentication no",
+                        # PAM's session modules (loginuid, systemd) fail inside a
+                        # namespace host; keys are the only way in.
+                        "UsePAM no",
+                        "UseDNS no",
+                        "PrintMotd no",
+                        "MaxStartups 64:30:128",
+                        "MaxSessions 64",
+                        "AcceptEnv LANG LC_*",
+                        "Subsystem sftp internal-sftp",
+                        "",
+                    ]
+                )
+            )
+
+    def _start_holder(self, name: str, netns: str) -> int:
+        log = open(self.host_dir(name) / "init.log", "ab")  # noqa: SIM115 - handed to the child
+        cmd = [
+            "ip", "netns", "exec", netns,
+            "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--mount-proc", "--kill-child",
+            self.python, self.init_script,
+            "--hostname", name,
+            "--state-dir", str(self.state_dir(name)),
+            "--sshd", self.sshd,
+            "--sshd-config", str(self.host_dir(name) / "sshd_config"),
+        ]
+        try:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True,
+            )
+        finally:
+            log.close()
+        # "ip netns exec" execs unshare, which forks the namespace's PID 1: our init.
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise LabError(f"{name}: the host's holder exited at once; see {self.host_dir(name)}/init.log")
+            try:
+                kids = children.read_text().split()
+            except OSError:
+                kids = []
+            if kids:
+                return int(kids[0])
+            time.sleep(0.01)
+        raise LabError(f"{name}: the host's holder did not start within 10 s")
+
+    def _wait_for_sshd(self) -> None:
+        deadline = time.monotonic() + self.ssh_timeout
+        waiting = list(self.plan.hosts)
+        while waiting and time.monotonic() < deadline:
+            waiting = [h for h in waiting if not _port_open(h.mgmt_ip, SSH_PORT, 0.5)]
+            if waiting:
+                time.sleep(0.05)
+        if waiting:
+            names = ", ".join(f"{h.name} ({h.mgmt_ip})" for h in waiting)
+            raise LabError(
+                f"sshd did not answer within {self.ssh_timeout:.0f} s on: {names}; "
+                f"see {self.dir}/hosts/<host>/init.log"
+            )
+
+    def _scan_host_keys(self) -> list[str]:
+        """Collect every host's key with ssh-keyscan and check it is the key we gave that host."""
+        ips = [h.mgmt_ip for h in self.plan.hosts]
+        out = run(["ssh-keyscan", "-T", "5", "-t", "ed25519", *ips]).stdout
+        lines = sorted(line for line in out.splitlines() if line and not line.startswith("#"))
+        scanned = {line.split()[0]: line.split()[2] for line in lines}
+        for h in self.plan.hosts:
+            expected = (self.host_dir(h.name) / "ssh_host_ed25519_key.pub").read_text().split()[1]
+            if scanned.get(h.mgmt_ip) != expected:
+                raise LabError(
+                    f"{h.name}: ssh-keyscan of {h.mgmt_ip} did not return the host key the lab "
+                    "generated; another sshd may be answering on that address"
+                )
+        return lines
+
+    # ---- teardown ----------------------------------------------------------
+    def teardown(self, keep_files: bool) -> list[str]:
+        """Remove the lab's namespaces, processes and links (and its files unless keep_files)."""
+        removed = []
+        for netns in self.existing_netns():
+            self._kill_netns_processes(netns)
+        netns = self.existing_netns()
+        if netns:
+            run(["ip", "-batch", "-"], stdin="".join(f"netns del {n}\n" for n in netns))
+            removed += [f"namespace {n}" for n in netns]
+        # Deleting a namespace frees its veths asynchronously; delete the
+        # machine-side ends ourselves so a rebuild cannot race them.
+        links = self.existing_root_links()
+        for link in sorted(links, key=lambda n: n == self.plan.mgmt_bridge):
+            run(["ip", "link", "del", link], check=False)
+        removed += [f"link {n}" for n in links]
+        self._close_ssh_masters()
+        if self.state_file.exists():
+            self.state_file.unlink()
+        if not keep_files and self.dir.exists():
+            shutil.rmtree(self.dir)
+            removed.append(f"directory {self.dir}")
+        return removed
+
+    def _kill_netns_processes(self, netns: str) -> None:
+        # Every process in a lab namespace belongs to the lab: the holder, its
+        # PID namespace (sshd, sessions, jobs) and the unshare parent. Killing
+        # the PID namespace's init takes all of that namespace with it.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = [int(p) for p in run(["ip", "netns", "pids", netns], check=False).stdout.split()]
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        raise LabError(f"processes in namespace {netns} did not exit after SIGKILL")
+
+    def _close_ssh_masters(self) -> None:
+        # Ansible's persistent SSH connections to a removed host would
+        # otherwise linger, and hang the next lab that reuses the address.
+        if not self.control_dir.is_dir():
+            return
+        for sock in self.control_dir.iterdir():
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "lab-host"],
+                capture_output=True, timeout=10, check=False,
+            )
+            sock.unlink(missing_ok=True)
+
+    # ---- results -----------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """The lab as built: the plan plus live MACs and the collected host keys."""
+        data = self.plan.as_dict()
+        state = self.recorded() or {}
+        if state.get("plan") != data:
+            state = {}  # check mode: the lab is not (yet) what the plan says
+        macs = self.live_macs() if state else {}
+        for cable in data["cables"]:
+            for end in cable["ends"]:
+                end["mac"] = macs.get(end["host"], {}).get(end["port"], "")
+        for host in data["hosts"]:
+            host["state_dir"] = str(self.state_dir(host["name"]))
+            host["holder_pid"] = state.get("holders", {}).get(host["name"])
+        data["known_hosts"] = state.get("known_hosts", [])
+        data["client_key"] = str(self.client_key)
+        data["control_dir"] = str(self.control_dir)
+        data["dir"] = str(self.dir)
+        return data
+
+
+def describe_change(before: dict[str, Any], after: dict[str, Any]) -> str:
+    parts = []
+    for key in ("size", "shape", "link_rate", "mgmt_subnet"):
+        if before.get(key) != after.get(key):
+            parts.append(f"{key} {before.get(key)} -> {after.get(key)}")
+    if before.get("cables") != after.get("cables"):
+        parts.append(f"cables {len(before.get('cables', []))} -> {len(after.get('cables', []))}"
+                     if len(before.get("cables", [])) != len(after.get("cables", [])) else "cables rewired")
+    return "the lab was built differently: " + (", ".join(parts) or "plan changed")
+
+
+def _port_open(ip: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,230 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: the local emulated cluster (namespaces, veth cables, bridges, sshd)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: lab
+short_description: Build or remove meshkit's local emulated cluster
+description:
+  - Builds a cluster of O(size) hosts on this Linux machine. Each host is a network namespace with
+    its own hostname, mounts and PID namespace, a management address and its own OpenSSH server.
+  - Cables are veth pairs named like peer ports (C(tb0), C(tb1), ...) inside each host, all enslaved to a
+    C(bridge0) with STP on, as macOS ships its Thunderbolt Bridge.
+  - Validates every input before anything is built and refuses a management subnet that overlaps a
+    route of this machine.
+  - Idempotent. A lab that already matches the plan is left alone; one that differs (other shape,
+    a dead host) is removed and built again. Host and client keys are kept across rebuilds.
+  - Driven by the C(meshkit.cluster.lab) role (C(playbooks/lab.yml)); option names in error messages
+    are the role's C(lab_*) variables.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+requirements:
+  - Linux with network namespaces, veth and bridges; root.
+  - iproute2, util-linux (unshare), openssh-server and openssh-client.
+options:
+  name:
+    description: Lab name; prefixes every namespace (V(<name>-node<i>)) and link the lab makes.
+    type: str
+    default: lab
+  state:
+    description: V(present) builds or keeps the lab; V(absent) removes everything it made.
+    type: str
+    choices: [present, absent]
+    default: present
+  size:
+    description: Number of hosts (2-64). Defaults to 4, or to the highest host in O(cables).
+    type: raw
+  shape:
+    description: Cabling when O(cables) is empty.
+    type: str
+    default: mesh
+  cables:
+    description: Explicit cables as pairs of 1-based host numbers; a pair given twice is two parallel cables.
+    type: raw
+  link_rate:
+    description: Rate limit of every cable end (tc tbf), for example V(2gbit). Empty means unlimited.
+    type: raw
+  mgmt_subnet:
+    description: IPv4 network of the management bridge; the controller takes the first address.
+    type: str
+    default: 198.18.0.0/24
+  dir:
+    description: Directory for the lab's keys, daemon configs, host state directories and record.
+    type: path
+    required: true
+  init_script:
+    description: Path of C(lab_init.py), run as PID 1 of every host.
+    type: path
+    required: true
+  ssh_timeout:
+    description: Seconds to wait for every host's sshd to answer after a build.
+    type: int
+    default: 30
+"""
+
+EXAMPLES = r"""
+- name: Build a 6-host ring
+  meshkit.cluster.lab:
+    size: 6
+    shape: ring
+    dir: /srv/meshkit/.lab/lab
+    init_script: "{{ role_path }}/files/lab_init.py"
+
+- name: Remove it
+  meshkit.cluster.lab:
+    state: absent
+    dir: /srv/meshkit/.lab/lab
+    init_script: "{{ role_path }}/files/lab_init.py"
+"""
+
+RETURN = r"""
+lab:
+  description: The lab as planned and, when present, as built.
+  returned: always
+  type: dict
+  contains:
+    hosts:
+      description: Per host its name, namespace, management address, ports, state directory and holder PID.
+      type: list
+      elements: dict
+    cables:
+      description: Per cable its two ends (host, port and, when built, the port's MAC address).
+      type: list
+      elements: dict
+    known_hosts:
+      description: Host keys collected with ssh-keyscan, in known_hosts format.
+      type: list
+      elements: str
+removed:
+  description: What O(state=absent), or a rebuild, removed.
+  returned: always
+  type: list
+  elements: str
+reasons:
+  description: Why the lab was (or in check mode would be) built again.
+  returned: always
+  type: list
+  elements: str
+elapsed:
+  description: Seconds spent building or removing.
+  returned: always
+  type: float
+"""
+
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+try:
+    from ansible_collections.meshkit.cluster.plugins.module_utils.lab_netns import Lab, LabError
+    from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import LabSpecError, plan, validate
+except ImportError as exc:  # cerberus is missing from this interpreter
+    IMPORT_ERROR: Exception | None = exc
+else:
+    IMPORT_ERROR = None
+
+
+def summary(plan_dict: dict) -> str:
+    lines = [
+        f"lab {plan_dict['name']}: {plan_dict['size']} hosts, {plan_dict['shape']}, "
+        f"{len(plan_dict['cables'])} cables, link rate {plan_dict['link_rate'] or 'unlimited'}, "
+        f"management {plan_dict['mgmt_subnet']}"
+    ]
+    for c in plan_dict["cables"]:
+        a, b = c["ends"]
+        lines.append(f"  cable {c['index']}: {a['host']}:{a['port']} <-> {b['host']}:{b['port']}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "name": {"type": "str", "default": "lab"},
+            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+            "size": {"type": "raw"},
+            "shape": {"type": "str", "default": "mesh"},
+            "cables": {"type": "raw"},
+            "link_rate": {"type": "raw"},
+            "mgmt_subnet": {"type": "str", "default": "198.18.0.0/24"},
+            "dir": {"type": "path", "required": True},
+            "init_script": {"type": "path", "required": True},
+            "ssh_timeout": {"type": "int", "default": 30},
+        },
+        supports_check_mode=True,
+    )
+    if IMPORT_ERROR is not None:
+        module.fail_json(msg=f"meshkit.cluster.lab needs cerberus on the controller: {IMPORT_ERROR}")
+    p = module.params
+    try:
+        doc = validate(
+            {
+                "lab_name": p["name"],
+                "lab_state": p["state"],
+                "lab_size": p["size"],
+                "lab_shape": p["shape"],
+                "lab_cables": p["cables"],
+                "lab_link_rate": p["link_rate"],
+                "lab_mgmt_subnet": p["mgmt_subnet"],
+            }
+        )
+    except LabSpecError as exc:
+        module.fail_json(msg=str(exc), problems=exc.problems)
+
+    lab = Lab(plan(doc), p["dir"], p["init_script"], sys.executable, ssh_timeout=p["ssh_timeout"])
+    result: dict = {"changed": False, "removed": [], "reasons": [], "elapsed": 0.0}
+    start = time.monotonic()
+    try:
+        if p["state"] == "absent":
+            if lab.exists():
+                result["changed"] = True
+                result["reasons"] = ["state=absent"]
+                result["diff"] = {"before": summary(lab.plan.as_dict()), "after": ""}
+                if not module.check_mode:
+                    result["removed"] = lab.teardown(keep_files=False)
+            result["lab"] = lab.plan.as_dict()
+        else:
+            conflicts = lab.route_conflicts()
+            if conflicts:
+                module.fail_json(
+                    msg=f"lab_mgmt_subnet = {doc['lab_mgmt_subnet']!r} overlaps routes this machine "
+                    f"already has: {'; '.join(conflicts)}. Pick another subnet (-e lab_mgmt_subnet=...) "
+                    "so lab traffic can never leave the machine.",
+                    conflicts=conflicts,
+                )
+            reasons = lab.problems()
+            if reasons:
+                result["changed"] = True
+                result["reasons"] = reasons
+                before = lab.recorded()
+                result["diff"] = {
+                    "before": summary(before["plan"]) if before else "",
+                    "after": summary(lab.plan.as_dict()),
+                }
+                if not module.check_mode:
+                    if lab.exists():
+                        result["removed"] = lab.teardown(keep_files=True)
+                    try:
+                        lab.build()
+                    except LabError:
+                        lab.teardown(keep_files=True)  # leave nothing half-built behind
+                        raise
+            result["lab"] = lab.report()
+    except LabError as exc:
+        module.fail_json(msg=str(exc), **result)
+    result["elapsed"] = round(time.monotonic() - start, 2)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
