@@ -15,6 +15,7 @@ Plain Python: the module ``meshkit.cluster.lab`` drives it; tests may too.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -74,8 +75,16 @@ def tbf_burst(rate: str) -> int:
 class Lab:
     """One named lab on this machine, as planned in a LabPlan."""
 
-    def __init__(self, plan: LabPlan, lab_dir: str, init_script: str, python: str,
-                 sshd: str = "/usr/sbin/sshd", ssh_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        plan: LabPlan,
+        lab_dir: str,
+        init_script: str,
+        python: str,
+        *,
+        sshd: str = "/usr/sbin/sshd",
+        ssh_timeout: float = 30.0,
+    ) -> None:
         self.plan = plan
         self.dir = Path(lab_dir)
         self.init_script = init_script
@@ -199,9 +208,7 @@ class Lab:
                 problems.append(f"{host.name}: has ports {sorted(names)}, expected {sorted(wanted)}")
         if problems:
             return problems
-        want = sorted(
-            tuple(sorted([(c.a.host, c.a.port), (c.b.host, c.b.port)])) for c in self.plan.cables
-        )
+        want = sorted(tuple(sorted([(c.a.host, c.a.port), (c.b.host, c.b.port)])) for c in self.plan.cables)
         if self.observed_cables() != want:
             problems.append("the cables in the kernel differ from the plan")
         for host in self.plan.hosts:
@@ -239,8 +246,7 @@ class Lab:
         ns_of = {h.name: h.netns for h in plan.hosts}
         for c in plan.cables:
             root.append(
-                f"link add {c.a.port} netns {ns_of[c.a.host]} type veth "
-                f"peer name {c.b.port} netns {ns_of[c.b.host]}"
+                f"link add {c.a.port} netns {ns_of[c.a.host]} type veth peer name {c.b.port} netns {ns_of[c.b.host]}"
             )
         run(["ip", "-batch", "-"], stdin="\n".join(root) + "\n")
 
@@ -285,8 +291,20 @@ class Lab:
         self.dir.chmod(0o700)
         self.control_dir.mkdir(exist_ok=True)
         if not self.client_key.exists():
-            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"meshkit-lab-{self.plan.name}",
-                 "-f", str(self.client_key)])
+            run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"meshkit-lab-{self.plan.name}",
+                    "-f",
+                    str(self.client_key),
+                ]
+            )
         auth = self.dir / "authorized_keys"
         auth.write_text(Path(str(self.client_key) + ".pub").read_text())
         auth.chmod(0o600)
@@ -325,18 +343,37 @@ class Lab:
     def _start_holder(self, name: str, netns: str) -> int:
         log = open(self.host_dir(name) / "init.log", "ab")  # noqa: SIM115 - handed to the child
         cmd = [
-            "ip", "netns", "exec", netns,
-            "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--mount-proc", "--kill-child",
-            self.python, self.init_script,
-            "--hostname", name,
-            "--state-dir", str(self.state_dir(name)),
-            "--sshd", self.sshd,
-            "--sshd-config", str(self.host_dir(name) / "sshd_config"),
+            "ip",
+            "netns",
+            "exec",
+            netns,
+            "unshare",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            self.python,
+            self.init_script,
+            "--hostname",
+            name,
+            "--state-dir",
+            str(self.state_dir(name)),
+            "--sshd",
+            self.sshd,
+            "--sshd-config",
+            str(self.host_dir(name) / "sshd_config"),
         ]
         try:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
             )
         finally:
             log.close()
@@ -365,8 +402,7 @@ class Lab:
         if waiting:
             names = ", ".join(f"{h.name} ({h.mgmt_ip})" for h in waiting)
             raise LabError(
-                f"sshd did not answer within {self.ssh_timeout:.0f} s on: {names}; "
-                f"see {self.dir}/hosts/<host>/init.log"
+                f"sshd did not answer within {self.ssh_timeout:.0f} s on: {names}; see {self.dir}/hosts/<host>/init.log"
             )
 
     def _scan_host_keys(self) -> list[str]:
@@ -418,10 +454,8 @@ class Lab:
             if not pids:
                 return
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.05)
         raise LabError(f"processes in namespace {netns} did not exit after SIGKILL")
 
@@ -433,7 +467,9 @@ class Lab:
         for sock in self.control_dir.iterdir():
             subprocess.run(
                 ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "lab-host"],
-                capture_output=True, timeout=10, check=False,
+                capture_output=True,
+                timeout=10,
+                check=False,
             )
             sock.unlink(missing_ok=True)
 
@@ -464,8 +500,11 @@ def describe_change(before: dict[str, Any], after: dict[str, Any]) -> str:
         if before.get(key) != after.get(key):
             parts.append(f"{key} {before.get(key)} -> {after.get(key)}")
     if before.get("cables") != after.get("cables"):
-        parts.append(f"cables {len(before.get('cables', []))} -> {len(after.get('cables', []))}"
-                     if len(before.get("cables", [])) != len(after.get("cables", [])) else "cables rewired")
+        parts.append(
+            f"cables {len(before.get('cables', []))} -> {len(after.get('cables', []))}"
+            if len(before.get("cables", [])) != len(after.get("cables", []))
+            else "cables rewired"
+        )
     return "the lab was built differently: " + (", ".join(parts) or "plan changed")
 
 

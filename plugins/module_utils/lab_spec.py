@@ -234,8 +234,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
     size = doc.get("lab_size")
     if size is None:
         size = max((max(pair) for pair in cables), default=DEFAULT_SIZE) if cables else DEFAULT_SIZE
-        if size < MIN_HOSTS:
-            size = MIN_HOSTS
+        size = max(size, MIN_HOSTS)
     for i, (a, b) in enumerate(cables):
         for end in (a, b):
             if end > size:
@@ -245,8 +244,7 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
                 )
         if a == b:
             problems.append(
-                f"lab_cables[{i}] = [{a}, {b}]: a cable from host {a} to itself; "
-                "a cable joins two different hosts"
+                f"lab_cables[{i}] = [{a}, {b}]: a cable from host {a} to itself; a cable joins two different hosts"
             )
     if size > MAX_HOSTS:
         problems.append(f"lab_cables names host {size}: the lab has at most {MAX_HOSTS} hosts")

@@ -121,10 +121,10 @@ elapsed:
   type: float
 """
 
-import sys  # noqa: E402
-import time  # noqa: E402
+import sys
+import time
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
 try:
     from ansible_collections.meshkit.cluster.plugins.module_utils.lab_netns import Lab, LabError

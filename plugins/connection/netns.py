@@ -1,0 +1,136 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Connection plugin: run tasks inside a meshkit lab host by entering its namespaces."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: netns
+short_description: Run tasks inside a meshkit lab host by entering its namespaces
+description:
+  - A faster alternative to SSH for the local lab built by C(playbooks/lab.yml), for tests.
+    Each command runs through C(nsenter) in the host's network, mount, UTS, IPC and PID
+    namespaces, so it sees exactly what an SSH session on that host sees (hostname, ports,
+    state directory, processes) without the SSH handshake.
+  - The host's holder process is read from the lab's record (C(<lab_dir>/state.json)) and
+    checked against the host's named network namespace before every use.
+  - Runs as the controller's user (root); C(become) is not supported and not needed.
+  - Use it with the lab's inventory, e.g. C(-e ansible_connection=meshkit.cluster.netns).
+author: meshkit contributors
+version_added: 0.1.0
+options:
+  lab_dir:
+    description: The lab's directory (the inventory sets C(meshkit_lab_dir)).
+    type: path
+    required: true
+    vars:
+      - name: meshkit_lab_dir
+  netns:
+    description: The host's network namespace (the inventory sets C(meshkit_lab_netns)).
+    type: str
+    required: true
+    vars:
+      - name: meshkit_lab_netns
+extends_documentation_fragment:
+  - connection_pipelining
+"""
+
+import json
+import os
+import shlex
+import subprocess
+
+from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+from ansible.plugins.connection import ConnectionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+
+class Connection(ConnectionBase):
+    """Commands and files through nsenter into one lab host."""
+
+    transport = "meshkit.cluster.netns"
+    has_pipelining = True
+    has_tty = False
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._pid: int | None = None
+
+    def _connect(self) -> Connection:
+        if self._connected:
+            return self
+        lab_dir = self.get_option("lab_dir")
+        netns = self.get_option("netns")
+        host = self._play_context.remote_addr
+        try:
+            with open(os.path.join(lab_dir, "state.json")) as handle:
+                holders = json.load(handle)["holders"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise AnsibleConnectionFailure(f"no lab record in {lab_dir} ({exc}); build the lab first") from exc
+        name = self._host_name(holders, netns)
+        pid = holders.get(name)
+        try:
+            alive = os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
+        except OSError:
+            alive = False
+        if not alive:
+            raise AnsibleConnectionFailure(
+                f"lab host {name} ({host}): holder process {pid} is not in namespace {netns}; "
+                "rebuild the lab with playbooks/lab.yml"
+            )
+        self._pid = pid
+        self._connected = True
+        display.vvv(f"NETNS: entering {netns} through pid {pid}", host=host)
+        return self
+
+    @staticmethod
+    def _host_name(holders: dict, netns: str) -> str:
+        # The namespace is "<lab>-<host>", the record is keyed by host.
+        for name in holders:
+            if netns.endswith("-" + name):
+                return name
+        raise AnsibleConnectionFailure(f"namespace {netns} is not a host of this lab ({sorted(holders)})")
+
+    def _nsenter(self, argv: list[str]) -> list[str]:
+        return ["nsenter", "-t", str(self._pid), "-n", "-m", "-u", "-i", "-p", "--", *argv]
+
+    def exec_command(self, cmd: str, in_data: bytes | None = None, sudoable: bool = True):
+        super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
+        shell = os.environ.get("SHELL") or "/bin/sh"
+        argv = self._nsenter([shell, "-c", cmd])
+        display.vvv(f"NETNS EXEC {shlex.join(argv)}", host=self._play_context.remote_addr)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if in_data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        stdout, stderr = proc.communicate(in_data)
+        return proc.returncode, stdout, stderr
+
+    def put_file(self, in_path: str, out_path: str) -> None:
+        super().put_file(in_path, out_path)
+        if not os.path.exists(to_bytes(in_path)):
+            raise AnsibleFileNotFound(f"file or module does not exist: {in_path}")
+        with open(to_bytes(in_path), "rb") as src:
+            proc = subprocess.run(
+                self._nsenter(["/bin/sh", "-c", f"cat > {shlex.quote(out_path)}"]),
+                stdin=src,
+                capture_output=True,
+                check=False,
+            )
+        if proc.returncode != 0:
+            raise AnsibleError(f"failed to put {in_path} to {out_path}: {to_text(proc.stderr)}")
+
+    def fetch_file(self, in_path: str, out_path: str) -> None:
+        super().fetch_file(in_path, out_path)
+        with open(to_bytes(out_path), "wb") as dst:
+            proc = subprocess.run(self._nsenter(["cat", in_path]), stdout=dst, stderr=subprocess.PIPE, check=False)
+        if proc.returncode != 0:
+            raise AnsibleError(f"failed to fetch {in_path} to {out_path}: {to_text(proc.stderr)}")
+
+    def close(self) -> None:
+        self._connected = False
