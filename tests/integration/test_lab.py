@@ -1,0 +1,187 @@
+"""playbooks/lab.yml on this machine: real namespaces, veth cables, bridges and sshd."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+
+from .conftest import ip_json, kernel_cables, ping_hosts, sh
+
+SHAPE_PAIRS = {
+    "mesh": lambda n: [(i, j) for i in range(1, n + 1) for j in range(i + 1, n + 1)],
+    "line": lambda n: [(i, i + 1) for i in range(1, n)],
+    "ring": lambda n: [(i, i % n + 1) for i in range(1, n + 1)] if n > 2 else [(1, 2)],
+}
+
+
+def host_pairs(cabling: dict) -> Counter:
+    return Counter(frozenset(end["host"] for end in c["ends"]) for c in cabling["cables"])
+
+
+def recorded_cables(cabling: dict) -> list:
+    return sorted(tuple(sorted((e["host"], e["port"]) for e in c["ends"])) for c in cabling["cables"])
+
+
+def check_lab_matches_record(lab) -> dict:
+    """The kernel has exactly the recorded cables; each host exactly its own ports, in bridge0 with STP."""
+    cabling = lab.cabling()
+    hosts = lab.hosts()
+    netns = {name: h["meshkit_lab_netns"] for name, h in hosts.items()}
+    assert kernel_cables(netns) == recorded_cables(cabling)
+    for name, ns in netns.items():
+        links = {link["ifname"]: link for link in ip_json("-n", ns, "-d", "link", "show")}
+        own = sorted(e["port"] for c in cabling["cables"] for e in c["ends"] if e["host"] == name)
+        assert sorted(n for n in links if n.startswith("tb")) == own, name
+        assert set(links) == {"lo", "mgmt0", "bridge0", *own}, name
+        assert links["bridge0"]["linkinfo"]["info_data"]["stp_state"] == 1
+        for port in own:
+            assert links[port].get("master") == "bridge0", (name, port)
+            mac = next(e["mac"] for c in cabling["cables"] for e in c["ends"] if (e["host"], e["port"]) == (name, port))
+            assert links[port]["address"] == mac
+    return cabling
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+@pytest.mark.parametrize("shape", ["mesh", "ring", "line"])
+def test_lab_shape_builds_answers_over_ssh_and_leaves_nothing(make_lab, shape, size):
+    lab = make_lab(lab_size=size, lab_shape=shape)
+    run = lab.up()
+    assert run.rc == 0, run.output
+    cabling = check_lab_matches_record(lab)
+    expected = Counter(frozenset((f"node{a}", f"node{b}")) for a, b in SHAPE_PAIRS[shape](size))
+    assert host_pairs(cabling) == expected
+    assert ping_hosts(lab) == {f"node{i}": "SUCCESS" for i in range(1, size + 1)}
+
+    down = lab.down()
+    assert down.rc == 0, down.output
+    assert lab.leftovers() == []
+
+
+def test_explicit_cables_with_a_parallel_cable_and_rate_limit(make_lab):
+    lab = make_lab(lab_cables=[[1, 2], [2, 3], [1, 2]], lab_link_rate="200mbit")
+    run = lab.up()
+    assert run.rc == 0, run.output
+    cabling = check_lab_matches_record(lab)
+    assert host_pairs(cabling) == Counter(
+        {frozenset({"node1", "node2"}): 2, frozenset({"node2", "node3"}): 1}
+    )
+    assert sorted(lab.hosts()) == ["node1", "node2", "node3"]
+    assert lab.hosts()["node1"]["meshkit_lab_ports"] == ["tb0", "tb1"]
+    for name, host in lab.hosts().items():
+        for port in host["meshkit_lab_ports"]:
+            qdisc = ip_json("-n", host["meshkit_lab_netns"], "link", "show", port)  # port exists
+            assert qdisc, (name, port)
+            tc = sh("tc", "-n", host["meshkit_lab_netns"], "qdisc", "show", "dev", port).stdout
+            assert "tbf" in tc and "rate 200Mbit" in tc, (name, port, tc)
+    assert ping_hosts(lab) == {"node1": "SUCCESS", "node2": "SUCCESS", "node3": "SUCCESS"}
+
+
+def test_rerun_changes_nothing_hosts_are_isolated_check_mode_is_truthful(make_lab):
+    lab = make_lab(lab_size=4, lab_shape="mesh")
+    assert lab.up().rc == 0
+    before_cabling = lab.cabling_file.read_text()
+    before_netns = sorted(n["name"] for n in ip_json("netns", "list"))
+
+    again = lab.up()
+    assert again.rc == 0, again.output
+    assert again.changed == 0, again.output
+
+    # --check for a bigger lab says it would change and changes nothing.
+    check = lab.up("--check", "--diff", lab_size=5)
+    assert check.rc == 0, check.output
+    assert check.changed > 0
+    assert "+lab " in check.output and "5 hosts" in check.output
+    assert lab.cabling_file.read_text() == before_cabling
+    assert sorted(n["name"] for n in ip_json("netns", "list")) == before_netns
+
+    # Each host: its own hostname, its own state directory, its own process table.
+    write = lab.ansible("-m", "ansible.builtin.shell", "-a", "hostname > /var/lib/meshkit/mark", pattern="node1")
+    assert write.returncode == 0, write.stdout + write.stderr
+    look = lab.ansible("-m", "ansible.builtin.shell", "-a",
+                       "echo host=$(hostname) mark=$(cat /var/lib/meshkit/mark 2>/dev/null || echo none) "
+                       "pid1=$(cat /proc/1/cmdline | tr '\\0' ' ' | grep -o lab_init.py)")
+    assert look.returncode == 0, look.stdout + look.stderr
+    for i in range(1, 5):
+        mark = "node1" if i == 1 else "none"
+        assert f"host=node{i} mark={mark} pid1=lab_init.py" in look.stdout, look.stdout
+    # The machine runs four lab_init.py processes for this lab; node2 sees only its own, as PID 1.
+    ps = lab.ansible("-m", "ansible.builtin.command", "-a", "ps -e -o pid=,args=", pattern="node2")
+    inits = [line.split()[0] for line in ps.stdout.splitlines() if "lab_init.py" in line]
+    assert inits == ["1"], ps.stdout
+
+    # The faster connection plugin reaches the same hosts.
+    fast = lab.ansible("-e", "ansible_connection=meshkit.cluster.netns", "-m", "ansible.builtin.command",
+                       "-a", "cat /var/lib/meshkit/mark", pattern="node1")
+    assert fast.returncode == 0 and "node1" in fast.stdout, fast.stdout + fast.stderr
+
+
+def test_host_key_checking_is_on(make_lab):
+    lab = make_lab(lab_size=2, lab_shape="line")
+    assert lab.up().rc == 0
+    inventory = lab.inventory.read_text()
+    assert "StrictHostKeyChecking=yes" in inventory
+    assert "StrictHostKeyChecking=no" not in inventory
+    known_hosts = lab.dir / "known_hosts"
+    good = known_hosts.read_text()
+    assert len(good.splitlines()) == 2
+    # A known_hosts entry with another key for node1 must make SSH refuse node1.
+    other = sh("ssh-keygen", "-y", "-f", str(lab.dir / "id_ed25519")).stdout.split()[:2]
+    node1_ip = lab.hosts()["node1"]["ansible_host"]
+    known_hosts.write_text(
+        "\n".join(line for line in good.splitlines() if not line.startswith(node1_ip + " "))
+        + f"\n{node1_ip} {other[0]} {other[1]}\n"
+    )
+    try:
+        proc = lab.ansible("-m", "ansible.builtin.ping")
+        assert "node2 | SUCCESS" in proc.stdout
+        assert "node1 | UNREACHABLE" in proc.stdout
+        assert "Host key verification failed" in proc.stdout + proc.stderr
+    finally:
+        known_hosts.write_text(good)
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"lab_size": 1}, "lab_size = 1: min value is 2"),
+        ({"lab_size": 4, "lab_cables": [[1, 2], [2, 7]]}, "lab_cables[1] = [2, 7]: host 7 does not exist"),
+        ({"lab_cables": [[1, 2], [3, 3]]}, "lab_cables[1] = [3, 3]: a cable from host 3 to itself"),
+        ({"lab_shape": "star"}, "lab_shape = 'star': unallowed value star"),
+        ({"lab_mgmt_subnet": "127.1.0.0/24"}, "overlaps routes this machine already has"),
+    ],
+)
+def test_bad_input_fails_before_anything_is_built(make_lab, variables, message):
+    lab = make_lab(**variables)
+    run = lab.up()
+    assert run.rc != 0
+    assert message in run.output, run.output
+    assert lab.leftovers() == []
+
+
+def test_two_labs_coexist_and_removing_one_keeps_the_other(make_lab):
+    first = make_lab(lab_size=2, lab_shape="line")
+    second = make_lab(lab_size=3, lab_shape="ring")
+    assert first.up().rc == 0
+    assert second.up().rc == 0
+    clash = make_lab(lab_size=2, subnet=first.subnet)
+    refused = clash.up()
+    assert refused.rc != 0
+    assert f"dev {first.name}-mgmt" in refused.output
+    assert first.down().rc == 0
+    assert first.leftovers() == []
+    assert ping_hosts(second) == {"node1": "SUCCESS", "node2": "SUCCESS", "node3": "SUCCESS"}
+
+
+def test_sixteen_host_mesh(make_lab):
+    lab = make_lab(lab_size=16, lab_shape="mesh")
+    start = time.monotonic()
+    run = lab.up()
+    elapsed = time.monotonic() - start
+    assert run.rc == 0, run.output
+    print(f"\n16-host mesh: ansible-playbook playbooks/lab.yml took {elapsed:.1f} s")
+    cabling = check_lab_matches_record(lab)
+    assert len(cabling["cables"]) == 120
+    assert set(ping_hosts(lab).values()) == {"SUCCESS"}
+    assert len(ping_hosts(lab)) == 16

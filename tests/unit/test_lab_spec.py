@@ -1,0 +1,134 @@
+"""The lab's input validation and plan (plugins/module_utils/lab_spec.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import (
+    LabSpecError,
+    plan,
+    shape_pairs,
+    validate,
+)
+
+
+def params(**overrides):
+    base = {
+        "lab_name": "lab",
+        "lab_state": "present",
+        "lab_size": None,
+        "lab_shape": "mesh",
+        "lab_cables": [],
+        "lab_link_rate": "",
+        "lab_mgmt_subnet": "198.18.0.0/24",
+    }
+    base.update(overrides)
+    return base
+
+
+def problems(**overrides) -> list[str]:
+    with pytest.raises(LabSpecError) as info:
+        validate(params(**overrides))
+    return info.value.problems
+
+
+@pytest.mark.parametrize(
+    ("shape", "size", "expected"),
+    [
+        ("mesh", 4, [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 4)]),
+        ("ring", 4, [(1, 2), (2, 3), (3, 4), (4, 1)]),
+        ("ring", 2, [(1, 2)]),
+        ("line", 3, [(1, 2), (2, 3)]),
+    ],
+)
+def test_shape_pairs(shape, size, expected):
+    assert shape_pairs(shape, size) == expected
+
+
+def test_mesh_of_16_has_120_cables():
+    assert len(shape_pairs("mesh", 16)) == 120
+
+
+def test_defaults_give_a_4_host_mesh():
+    doc = validate(params())
+    lab = plan(doc)
+    assert lab.size == 4
+    assert lab.shape == "mesh"
+    assert [h.name for h in lab.hosts] == ["node1", "node2", "node3", "node4"]
+    assert [h.netns for h in lab.hosts] == ["lab-node1", "lab-node2", "lab-node3", "lab-node4"]
+    assert lab.controller_ip == "198.18.0.1"
+    assert [h.mgmt_ip for h in lab.hosts] == ["198.18.0.2", "198.18.0.3", "198.18.0.4", "198.18.0.5"]
+    # every host of a 4-mesh has three ports, numbered in cable order
+    assert all(h.ports == ("tb0", "tb1", "tb2") for h in lab.hosts)
+
+
+def test_strings_from_extra_vars_are_coerced():
+    doc = validate(params(lab_size="6", lab_shape="ring"))
+    assert doc["lab_size"] == 6
+
+
+def test_explicit_cables_set_size_and_allow_parallel_cables():
+    lab = plan(validate(params(lab_cables=[[1, 2], [2, 3], [1, 2]])))
+    assert lab.size == 3
+    assert lab.shape == "cables"
+    ends = [((c.a.host, c.a.port), (c.b.host, c.b.port)) for c in lab.cables]
+    assert ends == [
+        (("node1", "tb0"), ("node2", "tb0")),
+        (("node2", "tb1"), ("node3", "tb0")),
+        (("node1", "tb1"), ("node2", "tb2")),
+    ]
+    assert Counter(frozenset((c.a.host, c.b.host)) for c in lab.cables)[frozenset({"node1", "node2"})] == 2
+
+
+def test_explicit_size_keeps_uncabled_hosts():
+    lab = plan(validate(params(lab_size=4, lab_cables=[[1, 2]])))
+    assert lab.size == 4
+    assert lab.hosts[3].ports == ()
+
+
+def test_plan_is_deterministic():
+    a = plan(validate(params(lab_size=8, lab_shape="ring"))).as_dict()
+    b = plan(validate(params(lab_size="8", lab_shape="ring"))).as_dict()
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"lab_size": 1}, "lab_size = 1: min value is 2"),
+        ({"lab_size": 0}, "lab_size = 0: min value is 2"),
+        ({"lab_size": 65}, "lab_size = 65: max value is 64"),
+        ({"lab_size": "many"}, "lab_size = 'many'"),
+        ({"lab_shape": "star"}, "lab_shape = 'star': unallowed value star"),
+        ({"lab_cables": [[1, 5]], "lab_size": 4}, "lab_cables[0] = [1, 5]: host 5 does not exist"),
+        ({"lab_cables": [[1, 2], [3, 3]]}, "lab_cables[1] = [3, 3]: a cable from host 3 to itself"),
+        ({"lab_cables": [[1, 2, 3]]}, "lab_cables[0] = [1, 2, 3]: max length is 2"),
+        ({"lab_cables": [[0, 2]]}, "lab_cables[0][0] = 0: min value is 1"),
+        ({"lab_cables": "1-2"}, "lab_cables = '1-2': must be of list type"),
+        ({"lab_name": "Bad-Name"}, "lab_name = 'Bad-Name'"),
+        ({"lab_name": "waytoolongname"}, "lab_name = 'waytoolongname'"),
+        ({"lab_link_rate": "fast"}, "lab_link_rate = 'fast'"),
+        ({"lab_mgmt_subnet": "198.18.0.1/24"}, "lab_mgmt_subnet = '198.18.0.1/24': not an IPv4 network"),
+        ({"lab_mgmt_subnet": "198.18.0.0/30"}, "controller need 5"),
+    ],
+)
+def test_bad_input_names_field_and_value(overrides, expected):
+    found = problems(**overrides)
+    assert any(expected in p for p in found), found
+
+
+def test_every_problem_is_listed_at_once():
+    found = problems(lab_cables=[[1, 1], [2, 9]], lab_size=3)
+    assert len(found) == 2
+    assert "to itself" in found[0]
+    assert "host 9 does not exist" in found[1]
+
+
+def test_error_message_lists_problems_one_per_line():
+    with pytest.raises(LabSpecError) as info:
+        validate(params(lab_size=1, lab_shape="star"))
+    text = str(info.value)
+    assert text.startswith("invalid lab input:")
+    assert "\n  - lab_size = 1" in text
+    assert "\n  - lab_shape = 'star'" in text
