@@ -63,8 +63,12 @@ def run_playbook(playbook: str, *extra: str, inventory: str | None = None) -> Pl
     proc = sh(*cmd, check=False)
     output = proc.stdout + proc.stderr
     recap = {
-        m.group(1): {"ok": int(m.group(2)), "changed": int(m.group(3)), "unreachable": int(m.group(4)),
-                     "failed": int(m.group(5))}
+        m.group(1): {
+            "ok": int(m.group(2)),
+            "changed": int(m.group(3)),
+            "unreachable": int(m.group(4)),
+            "failed": int(m.group(5)),
+        }
         for m in RECAP.finditer(output)
     }
     return PlaybookRun(proc.returncode, output, recap)
@@ -115,8 +119,9 @@ class LabHandle:
     def leftovers(self) -> list[str]:
         """Anything of this lab still on the machine."""
         left = [f"netns {n['name']}" for n in ip_json("netns", "list") if n["name"].startswith(self.name + "-")]
-        left += [f"link {link['ifname']}" for link in ip_json("link", "show")
-                 if link["ifname"].startswith(self.name + "-")]
+        left += [
+            f"link {link['ifname']}" for link in ip_json("link", "show") if link["ifname"].startswith(self.name + "-")
+        ]
         left += [f"file {p}" for p in (self.dir, self.inventory, self.cabling_file) if p.exists()]
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
@@ -158,8 +163,9 @@ def kernel_cables(hosts: dict[str, str]) -> list[tuple[tuple[str, str], tuple[st
         for link in ip_json("-n", ns, "-d", "link", "show"):
             name_of[(host, link["ifindex"])] = link["ifname"]
             if link.get("linkinfo", {}).get("info_kind") == "veth" and link["ifname"] != "mgmt0":
-                ends.append((host, link["ifname"], host_of.get(nsids.get(link.get("link_netnsid"))),
-                             link.get("link_index")))
+                ends.append(
+                    (host, link["ifname"], host_of.get(nsids.get(link.get("link_netnsid"))), link.get("link_index"))
+                )
     cables = {tuple(sorted([(h, p), (peer, name_of.get((peer, idx), "?"))])) for h, p, peer, idx in ends}
     return sorted(cables)  # type: ignore[arg-type]
 

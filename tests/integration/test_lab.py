@@ -64,9 +64,7 @@ def test_explicit_cables_with_a_parallel_cable_and_rate_limit(make_lab):
     run = lab.up()
     assert run.rc == 0, run.output
     cabling = check_lab_matches_record(lab)
-    assert host_pairs(cabling) == Counter(
-        {frozenset({"node1", "node2"}): 2, frozenset({"node2", "node3"}): 1}
-    )
+    assert host_pairs(cabling) == Counter({frozenset({"node1", "node2"}): 2, frozenset({"node2", "node3"}): 1})
     assert sorted(lab.hosts()) == ["node1", "node2", "node3"]
     assert lab.hosts()["node1"]["meshkit_lab_ports"] == ["tb0", "tb1"]
     for name, host in lab.hosts().items():
@@ -99,9 +97,13 @@ def test_rerun_changes_nothing_hosts_are_isolated_check_mode_is_truthful(make_la
     # Each host: its own hostname, its own state directory, its own process table.
     write = lab.ansible("-m", "ansible.builtin.shell", "-a", "hostname > /var/lib/meshkit/mark", pattern="node1")
     assert write.returncode == 0, write.stdout + write.stderr
-    look = lab.ansible("-m", "ansible.builtin.shell", "-a",
-                       "echo host=$(hostname) mark=$(cat /var/lib/meshkit/mark 2>/dev/null || echo none) "
-                       "pid1=$(cat /proc/1/cmdline | tr '\\0' ' ' | grep -o lab_init.py)")
+    look = lab.ansible(
+        "-m",
+        "ansible.builtin.shell",
+        "-a",
+        "echo host=$(hostname) mark=$(cat /var/lib/meshkit/mark 2>/dev/null || echo none) "
+        "pid1=$(cat /proc/1/cmdline | tr '\\0' ' ' | grep -o lab_init.py)",
+    )
     assert look.returncode == 0, look.stdout + look.stderr
     for i in range(1, 5):
         mark = "node1" if i == 1 else "none"
@@ -112,8 +114,15 @@ def test_rerun_changes_nothing_hosts_are_isolated_check_mode_is_truthful(make_la
     assert inits == ["1"], ps.stdout
 
     # The faster connection plugin reaches the same hosts.
-    fast = lab.ansible("-e", "ansible_connection=meshkit.cluster.netns", "-m", "ansible.builtin.command",
-                       "-a", "cat /var/lib/meshkit/mark", pattern="node1")
+    fast = lab.ansible(
+        "-e",
+        "ansible_connection=meshkit.cluster.netns",
+        "-m",
+        "ansible.builtin.command",
+        "-a",
+        "cat /var/lib/meshkit/mark",
+        pattern="node1",
+    )
     assert fast.returncode == 0 and "node1" in fast.stdout, fast.stdout + fast.stderr
 
 
