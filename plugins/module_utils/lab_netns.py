@@ -113,6 +113,30 @@ class Lab:
     def state_dir(self, name: str) -> Path:
         return self.host_dir(name) / "state"
 
+    def ssh_dir(self, name: str) -> Path:
+        return self.host_dir(name) / "ssh"
+
+    def missing_tools(self) -> list[str]:
+        """What this machine lacks to build the lab (root, commands), as hints to act on."""
+        missing = []
+        if os.geteuid() != 0:
+            missing.append("root: the lab creates network namespaces; run the playbook as root")
+        tools = {
+            "ip": "iproute2",
+            "tc": "iproute2",
+            "unshare": "util-linux",
+            "nsenter": "util-linux",
+            "ssh-keygen": "openssh-client",
+            "ssh-keyscan": "openssh-client",
+            "ssh": "openssh-client",
+        }
+        for tool, package in tools.items():
+            if shutil.which(tool) is None:
+                missing.append(f"{tool}: install {package} (make deps)")
+        if not os.access(self.sshd, os.X_OK):
+            missing.append(f"{self.sshd}: install openssh-server (make deps)")
+        return missing
+
     # ---- what exists -------------------------------------------------------
     def recorded(self) -> dict[str, Any] | None:
         try:
@@ -305,22 +329,28 @@ class Lab:
                     str(self.client_key),
                 ]
             )
-        auth = self.dir / "authorized_keys"
-        auth.write_text(Path(str(self.client_key) + ".pub").read_text())
-        auth.chmod(0o600)
+        pubkey = Path(str(self.client_key) + ".pub").read_text()
         for h in self.plan.hosts:
-            hdir = self.host_dir(h.name)
+            # Each host's /etc/ssh: the holder bind-mounts this directory there, so
+            # sshd reads its own config, host key and authorized_keys at the usual
+            # paths (which also pass sshd's StrictModes wherever the checkout is).
+            ssh_dir = self.ssh_dir(h.name)
+            ssh_dir.mkdir(parents=True, exist_ok=True)
+            ssh_dir.chmod(0o755)
             self.state_dir(h.name).mkdir(parents=True, exist_ok=True)
-            key = hdir / "ssh_host_ed25519_key"
+            key = ssh_dir / "ssh_host_ed25519_key"
             if not key.exists():
                 run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(key)])
-            (hdir / "sshd_config").write_text(
+            auth = ssh_dir / "authorized_keys"
+            auth.write_text(pubkey)
+            auth.chmod(0o600)
+            (ssh_dir / "sshd_config").write_text(
                 "\n".join(
                     [
                         f"# meshkit lab {self.plan.name}, host {h.name}: written by playbooks/lab.yml",
                         f"ListenAddress {h.mgmt_ip}:{SSH_PORT}",
-                        f"HostKey {key}",
-                        f"AuthorizedKeysFile {auth}",
+                        "HostKey /etc/ssh/ssh_host_ed25519_key",
+                        "AuthorizedKeysFile /etc/ssh/authorized_keys",
                         "PidFile none",
                         "PermitRootLogin prohibit-password",
                         "PubkeyAuthentication yes",
@@ -363,8 +393,8 @@ class Lab:
             str(self.state_dir(name)),
             "--sshd",
             self.sshd,
-            "--sshd-config",
-            str(self.host_dir(name) / "sshd_config"),
+            "--ssh-dir",
+            str(self.ssh_dir(name)),
         ]
         try:
             proc = subprocess.Popen(
@@ -412,7 +442,7 @@ class Lab:
         lines = sorted(line for line in out.splitlines() if line and not line.startswith("#"))
         scanned = {line.split()[0]: line.split()[2] for line in lines}
         for h in self.plan.hosts:
-            expected = (self.host_dir(h.name) / "ssh_host_ed25519_key.pub").read_text().split()[1]
+            expected = (self.ssh_dir(h.name) / "ssh_host_ed25519_key.pub").read_text().split()[1]
             if scanned.get(h.mgmt_ip) != expected:
                 raise LabError(
                     f"{h.name}: ssh-keyscan of {h.mgmt_ip} did not return the host key the lab "

@@ -194,6 +194,9 @@ def main() -> None:
                     result["removed"] = lab.teardown(keep_files=False)
             result["lab"] = lab.plan.as_dict()
         else:
+            missing = lab.missing_tools()
+            if missing:
+                module.fail_json(msg="this machine cannot run the lab: " + "; ".join(missing), missing=missing)
             conflicts = lab.route_conflicts()
             if conflicts:
                 module.fail_json(

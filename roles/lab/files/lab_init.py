@@ -7,8 +7,8 @@ Started by the lab module as
 ``ip netns exec <netns> unshare --mount --uts --ipc --pid --fork --mount-proc
 --kill-child python3 lab_init.py ...``, so it already sits in the host's own
 network, mount, UTS, IPC and PID namespaces. It gives the host its hostname
-and private mounts (its own meshkit state directory, /tmp and /dev/shm), runs
-the host's sshd in the foreground and restarts it if it dies, and reaps
+and private mounts (its own meshkit state directory, /etc/ssh and /dev/shm),
+runs the host's sshd in the foreground and restarts it if it dies, and reaps
 orphans as an init must. Killing this process (SIGKILL from outside) ends
 every process of the host: that is how the lab removes a host.
 """
@@ -23,6 +23,7 @@ import sys
 import time
 
 STATE_MOUNT = "/var/lib/meshkit"
+SSH_MOUNT = "/etc/ssh"
 
 
 def log(message: str) -> None:
@@ -40,13 +41,16 @@ def setup(args: argparse.Namespace) -> None:
     mount("--make-rprivate", "/")
     os.makedirs(STATE_MOUNT, exist_ok=True)
     mount("--bind", args.state_dir, STATE_MOUNT)
-    mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp")
+    mount("--bind", args.ssh_dir, SSH_MOUNT)
+    # Shared memory is per host (ranks on one host share it, hosts do not).
+    # /tmp stays the machine's: the checkout may live there, and every host
+    # must see programs at the same paths, as on a cluster with shared storage.
     mount("-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm")
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
 
 
 def start_sshd(args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([args.sshd, "-D", "-e", "-f", args.sshd_config], stdin=subprocess.DEVNULL)
+    return subprocess.Popen([args.sshd, "-D", "-e", "-f", f"{SSH_MOUNT}/sshd_config"], stdin=subprocess.DEVNULL)
 
 
 def main() -> int:
@@ -54,7 +58,7 @@ def main() -> int:
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--sshd", default="/usr/sbin/sshd")
-    parser.add_argument("--sshd-config", required=True)
+    parser.add_argument("--ssh-dir", required=True, help="bind-mounted on /etc/ssh")
     args = parser.parse_args()
 
     setup(args)
