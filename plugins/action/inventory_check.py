@@ -1,0 +1,35 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin: validate the meshkit variables of every host in the play, on the controller."""
+
+from __future__ import annotations
+
+from ansible.plugins.action import ActionBase
+from ansible_collections.meshkit.cluster.plugins.module_utils.inventory_schema import validate_hosts
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        hosts = self._task.args.get("hosts") or task_vars.get("ansible_play_hosts_all", [])
+        hostvars = task_vars["hostvars"]
+        given = {}
+        for host in hosts:
+            hv = hostvars[host]
+            given[host] = {key: hv[key] for key in hv if key.startswith("meshkit_")}
+        normalised, problems = validate_hosts(given)
+        result["changed"] = False
+        result["problems"] = problems
+        if problems:
+            result["failed"] = True
+            result["msg"] = "the inventory has problems; nothing was changed on any host:\n  - " + "\n  - ".join(
+                problems
+            )
+            return result
+        result["config"] = normalised
+        result["msg"] = f"inventory valid for {len(normalised)} hosts"
+        return result

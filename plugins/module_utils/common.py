@@ -1,0 +1,42 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What every meshkit module on a host shares: running commands the same way."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def runner(module: Any):
+    """run(argv) through AnsibleModule.run_command, in the C locale so parsers see stable output."""
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"})
+        return rc, out, err
+
+    return run
+
+
+def connection_addresses(extra: str | None) -> list[str]:
+    """Addresses the controller may be reaching this host on: sshd's side of SSH_CONNECTION first."""
+    out = []
+    ssh = os.environ.get("SSH_CONNECTION", "").split()
+    if len(ssh) == 4:
+        out.append(ssh[2])
+    if extra:
+        out.append(extra)
+    return out
+
+
+def apply(module: Any, run, commands: list[list[str]]) -> list[dict[str, Any]]:
+    """Run mutating commands unless in check mode; fail naming the first command that fails."""
+    done = []
+    for argv in commands:
+        if module.check_mode:
+            continue
+        rc, out, err = run(argv)
+        done.append({"cmd": argv, "rc": rc})
+        if rc != 0:
+            module.fail_json(msg=f"{' '.join(argv)} failed (rc={rc}): {err.strip()}", commands=commands, done=done)
+    return done

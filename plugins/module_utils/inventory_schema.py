@@ -1,0 +1,118 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The variables a user sets in an inventory, validated with Cerberus before any host is touched."""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from typing import Any
+
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, DEFAULT_POOL
+from cerberus import Validator
+
+DEFAULTS: dict[str, Any] = {
+    "meshkit_cluster_name": "cluster",
+    "meshkit_fabric": "thunderbolt",
+    "meshkit_backend": "",
+    "meshkit_address_pool": DEFAULT_POOL,
+    "meshkit_peer_ports": [],
+    "meshkit_bridge": "bridge0",
+    "meshkit_mtu": None,
+    "meshkit_management_interface": None,
+    "meshkit_state_dir": "/var/lib/meshkit",
+    "meshkit_ping_count": 3,
+}
+
+# Set once for the whole cluster: every host must agree.
+CLUSTER_WIDE = ("meshkit_cluster_name", "meshkit_backend", "meshkit_address_pool")
+
+SCHEMA: dict[str, dict[str, Any]] = {
+    "meshkit_cluster_name": {"type": "string", "regex": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"},
+    "meshkit_fabric": {"type": "string", "allowed": ["thunderbolt", "ethernet", "roce"]},
+    "meshkit_backend": {"type": "string", "allowed": list(BACKENDS)},
+    "meshkit_address_pool": {"type": "string", "check_with": "pool"},
+    "meshkit_peer_ports": {"type": "list", "schema": {"type": "string", "regex": r"^[A-Za-z0-9_.*?\[\]-]{1,15}$"}},
+    "meshkit_bridge": {"type": "string", "regex": r"^[A-Za-z0-9_.-]{1,15}$"},
+    "meshkit_mtu": {"type": "integer", "nullable": True, "min": 1280, "max": 65520},
+    "meshkit_management_interface": {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9_.@-]{1,15}$"},
+    "meshkit_state_dir": {"type": "string", "regex": r"^/.*"},
+    "meshkit_ping_count": {"type": "integer", "min": 1, "max": 20},
+    # Written by playbooks/lab.yml into lab inventories.
+    "meshkit_lab_name": {"type": "string"},
+    "meshkit_lab_dir": {"type": "string"},
+    "meshkit_lab_netns": {"type": "string"},
+    "meshkit_lab_ports": {"type": "list"},
+}
+
+HINTS = {
+    "meshkit_cluster_name": "letters, digits, '.', '_' or '-'; it names the artifacts directory",
+    "meshkit_fabric": "use thunderbolt, ethernet or roce",
+    "meshkit_backend": "use ring, jaccl, jaccl-ring, or leave it unset for the best the cabling allows",
+    "meshkit_address_pool": f"use an IPv4 network of /29 or larger, e.g. {DEFAULT_POOL}",
+    "meshkit_peer_ports": "give interface name patterns such as ['thunderbolt*'] or ['enp1s0f*']",
+    "meshkit_bridge": "the bridge the peer ports start in (bridge0 on macOS)",
+    "meshkit_mtu": "set an MTU from 1280 to 65520, or leave it unset to keep the interface's",
+    "meshkit_management_interface": "name the interface that carries SSH, or leave it unset to detect it",
+    "meshkit_state_dir": "give an absolute path",
+    "meshkit_ping_count": "use 1 to 20",
+}
+
+
+class _Validator(Validator):
+    def _check_with_pool(self, field: str, value: Any) -> None:
+        try:
+            net = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as exc:
+            self._error(field, f"not an IPv4 network ({exc})")
+            return
+        if net.prefixlen > 29:
+            self._error(field, "too small: it must hold at least two /30 cable networks")
+
+
+def _coerce(doc: dict[str, Any]) -> dict[str, Any]:
+    out = dict(doc)
+    for key in ("meshkit_mtu", "meshkit_ping_count"):
+        value = out.get(key)
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            out[key] = int(value)
+    if out.get("meshkit_mtu") == "":
+        out["meshkit_mtu"] = None
+    return out
+
+
+def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Validate every host's meshkit_* variables.
+
+    Returns (normalised variables per host, problems). A problem names the hosts, the
+    field, the bad value and what to do; a problem shared by several hosts (a group
+    variable) is reported once with all of them.
+    """
+    grouped: dict[str, list[str]] = {}
+    normalised: dict[str, dict[str, Any]] = {}
+    validator = _Validator(SCHEMA)
+    for host in sorted(host_vars):
+        given = _coerce({k: v for k, v in host_vars[host].items() if k.startswith("meshkit_")})
+        for key in given:
+            if key not in SCHEMA:
+                close = difflib.get_close_matches(key, list(SCHEMA), n=1)
+                hint = f"did you mean {close[0]}?" if close else "remove it or check the spelling"
+                grouped.setdefault(f"{key} is not a meshkit variable; {hint}", []).append(host)
+        known = {k: v for k, v in given.items() if k in SCHEMA}
+        if not validator.validate(known):
+            for field, errors in validator.errors.items():
+                message = "; ".join(str(e) for e in errors)
+                text = f"{field} = {known.get(field)!r}: {message}; {HINTS.get(field, '')}".rstrip("; ")
+                grouped.setdefault(text, []).append(host)
+            continue
+        merged = {**DEFAULTS, **validator.document}
+        normalised[host] = merged
+    for key in CLUSTER_WIDE:
+        values = {h: v[key] for h, v in normalised.items()}
+        if len(set(map(str, values.values()))) > 1:
+            shown = ", ".join(f"{h}={v!r}" for h, v in sorted(values.items()))
+            grouped.setdefault(f"{key} differs between hosts ({shown}); set it once for the whole cluster", []).extend(
+                sorted(values)
+            )
+    problems = [f"{', '.join(sorted(set(hosts)))}: {text}" for text, hosts in grouped.items()]
+    return normalised, problems

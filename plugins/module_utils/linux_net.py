@@ -1,0 +1,160 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Linux side of meshkit's network modules: read links and addresses, plan ip commands.
+
+Plain Python. Every function that runs a command takes ``run(argv) -> (rc, out, err)``
+(``AnsibleModule.run_command`` in modules, a fake in unit tests), so the command
+lists are testable without a host.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import json
+from collections.abc import Callable
+from typing import Any
+
+Run = Callable[[list[str]], tuple[int, str, str]]
+
+
+class NetError(RuntimeError):
+    pass
+
+
+def _json(run: Run, argv: list[str]) -> Any:
+    rc, out, err = run(argv)
+    if rc != 0:
+        raise NetError(f"{' '.join(argv)} failed (rc={rc}): {err.strip()}")
+    return json.loads(out) if out.strip() else []
+
+
+def links(run: Run) -> list[dict[str, Any]]:
+    return _json(run, ["ip", "-j", "-d", "link", "show"])
+
+
+def addresses(run: Run) -> list[dict[str, Any]]:
+    return _json(run, ["ip", "-j", "addr", "show"])
+
+
+def matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def management_interface(addrs: list[dict[str, Any]], candidates: list[str], override: str | None) -> str | None:
+    """The interface holding the address the controller reaches this host on."""
+    if override:
+        return override
+    wanted = set()
+    for c in candidates:
+        try:
+            wanted.add(ipaddress.ip_address(c.split("%")[0]))
+        except ValueError:
+            continue
+    for link in addrs:
+        for a in link.get("addr_info", []):
+            try:
+                if ipaddress.ip_address(a["local"]) in wanted:
+                    return link["ifname"]
+            except (KeyError, ValueError):
+                continue
+    return None
+
+
+def refuse_if_management(mgmt: str | None, bridge: str, by_name: dict[str, dict[str, Any]]) -> str | None:
+    if not mgmt:
+        return None
+    if mgmt == bridge:
+        return f"the management connection runs over {bridge} itself ({mgmt}); refusing to change {bridge}"
+    if by_name.get(mgmt, {}).get("master") == bridge:
+        return (
+            f"the management interface {mgmt} is a member of {bridge}; taking the bridge apart would cut "
+            f"the connection this play runs over. Move management off {bridge} first (see "
+            "docs/runbooks/thunderbolt-bridge.md); nothing was changed"
+        )
+    return None
+
+
+def plan_bridge(all_links: list[dict[str, Any]], bridge: str, patterns: list[str], mgmt: str | None) -> dict[str, Any]:
+    """Commands that take the peer ports out of the bridge and bring the bridge down."""
+    by_name = {link["ifname"]: link for link in all_links}
+    result: dict[str, Any] = {"commands": [], "members": [], "detach": [], "kept": [], "refused": None}
+    if bridge not in by_name:
+        return result
+    members = sorted(name for name, link in by_name.items() if link.get("master") == bridge)
+    result["members"] = members
+    refusal = refuse_if_management(mgmt, bridge, by_name)
+    if refusal:
+        result["refused"] = refusal
+        return result
+    detach = [m for m in members if not patterns or matches(m, patterns)]
+    result["detach"] = detach
+    result["kept"] = [m for m in members if m not in detach]
+    result["commands"] = [["ip", "link", "set", "dev", m, "nomaster"] for m in detach]
+    if not result["kept"] and "UP" in by_name[bridge].get("flags", []):
+        result["commands"].append(["ip", "link", "set", "dev", bridge, "down"])
+    return result
+
+
+def candidate_ports(all_links: list[dict[str, Any]], patterns: list[str], mgmt: str | None) -> list[dict[str, Any]]:
+    out = []
+    for link in all_links:
+        name = link["ifname"]
+        kind = link.get("linkinfo", {}).get("info_kind")
+        if name == mgmt or name == "lo" or kind == "bridge" or not matches(name, patterns):
+            continue
+        out.append(link)
+    return sorted(out, key=lambda link: link["ifname"])
+
+
+def plan_peer_links(
+    all_links: list[dict[str, Any]],
+    addrs: list[dict[str, Any]],
+    ports: list[dict[str, Any]],
+    pool: str,
+    patterns: list[str],
+    mtu: int | None,
+    mgmt: str | None,
+    routes: dict[str, list[dict[str, Any]]],
+) -> tuple[list[list[str]], list[str]]:
+    """Commands that give every planned port its address, host route and MTU, and clear
+    pool addresses from peer ports that no longer have a cable. Returns (commands, notes)."""
+    pool_net = ipaddress.IPv4Network(pool)
+    by_name = {link["ifname"]: link for link in all_links}
+    addr_of = {a["ifname"]: a.get("addr_info", []) for a in addrs}
+    commands: list[list[str]] = []
+    notes: list[str] = []
+    planned = {p["port"] for p in ports}
+    for p in ports:
+        port = p["port"]
+        if port == mgmt:
+            raise NetError(f"the plan puts a cable address on the management interface {port}; refusing")
+        link = by_name.get(port)
+        if link is None:
+            raise NetError(f"port {port} of the plan does not exist on this host; run discovery again")
+        if link.get("master"):
+            raise NetError(f"port {port} is still enslaved to {link['master']}; run the thunderbolt_bridge role first")
+        if mtu and link.get("mtu") != mtu:
+            commands.append(["ip", "link", "set", "dev", port, "mtu", str(mtu)])
+        if "UP" not in link.get("flags", []):
+            commands.append(["ip", "link", "set", "dev", port, "up"])
+        want = f"{p['address']}/{p['prefix']}"
+        have = [f"{a['local']}/{a['prefixlen']}" for a in addr_of.get(port, []) if a.get("family") == "inet"]
+        for h in have:
+            if h != want and ipaddress.IPv4Address(h.split("/")[0]) in pool_net:
+                commands.append(["ip", "addr", "del", h, "dev", port])
+        if want not in have:
+            commands.append(["ip", "addr", "add", want, "dev", port])
+        peer = f"{p['peer_address']}/32"
+        current = routes.get(port, [])
+        if not any(r.get("dst") in (p["peer_address"], peer) for r in current):
+            commands.append(["ip", "route", "replace", peer, "dev", port, "src", p["address"]])
+    for link in all_links:
+        name = link["ifname"]
+        if name in planned or name == mgmt or not matches(name, patterns):
+            continue
+        for a in addr_of.get(name, []):
+            if a.get("family") == "inet" and ipaddress.IPv4Address(a["local"]) in pool_net:
+                commands.append(["ip", "addr", "del", f"{a['local']}/{a['prefixlen']}", "dev", name])
+                notes.append(f"{name}: removed {a['local']}/{a['prefixlen']} (no cable planned on this port)")
+    return commands, notes

@@ -1,0 +1,138 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: take the peer ports out of the Thunderbolt bridge and disable it."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: bridge_detach
+short_description: Take peer ports out of the Thunderbolt bridge and disable the bridge
+description:
+  - Linux: every member of O(bridge) that matches O(peer_ports) (all members when empty) leaves the bridge
+    (C(ip link set dev X nomaster)); a bridge left with no members is brought down.
+  - macOS: the members of O(bridge) are removed (C(ifconfig bridge0 deletem enX)) and the
+    C(Thunderbolt Bridge) network service is disabled, which persists across reboots.
+  - Refuses, with no change at all, when the management connection runs over the bridge or one of its members.
+  - On Linux the change is runtime only; O(persistence) in the result says so.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+options:
+  bridge:
+    description: The bridge the peer ports start in.
+    type: str
+    default: bridge0
+  peer_ports:
+    description: Interface name patterns of peer ports (Linux); empty means every member of the bridge.
+    type: list
+    elements: str
+    default: []
+  management_address:
+    description: The address the controller reaches this host on (the inventory's C(ansible_host)).
+    type: str
+  management_interface:
+    description: The interface carrying the management connection, when detection should be overridden.
+    type: str
+  service:
+    description: macOS network service of the bridge.
+    type: str
+    default: Thunderbolt Bridge
+"""
+
+EXAMPLES = r"""
+- name: Take the peer ports out of bridge0
+  meshkit.cluster.bridge_detach:
+    management_address: "{{ ansible_host }}"
+"""
+
+RETURN = r"""
+members:
+  description: Members of the bridge before the change.
+  returned: always
+  type: list
+  elements: str
+detached:
+  description: Ports taken (or in check mode, to be taken) out of the bridge.
+  returned: always
+  type: list
+  elements: str
+commands:
+  description: The commands run (or in check mode, that would run).
+  returned: always
+  type: list
+  elements: list
+management_interface:
+  description: The interface found to carry the management connection.
+  returned: always
+  type: str
+persistence:
+  description: How the change survives a reboot.
+  returned: always
+  type: str
+"""
+
+import platform
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import apply, connection_addresses, runner
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "bridge": {"type": "str", "default": "bridge0"},
+            "peer_ports": {"type": "list", "elements": "str", "default": []},
+            "management_address": {"type": "str"},
+            "management_interface": {"type": "str"},
+            "service": {"type": "str", "default": "Thunderbolt Bridge"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    run = runner(module)
+    candidates = connection_addresses(p["management_address"])
+    try:
+        if platform.system() == "Darwin":
+            state = macos.read_bridge_state(run, p["bridge"], p["service"])
+            mgmt = p["management_interface"] or macos.management_interface(run, candidates)
+            plan = macos.plan_bridge(state, p["bridge"], p["service"], mgmt)
+            persistence = f"the '{p['service']}' service stays disabled across reboots"
+        else:
+            all_links = linux_net.links(run)
+            mgmt = linux_net.management_interface(linux_net.addresses(run), candidates, p["management_interface"])
+            plan = linux_net.plan_bridge(all_links, p["bridge"], p["peer_ports"], mgmt)
+            persistence = "runtime (neither systemd-networkd nor NetworkManager configuration is written)"
+    except (linux_net.NetError, macos.MacError) as exc:
+        module.fail_json(msg=str(exc))
+    result = {
+        "changed": bool(plan["commands"]),
+        "members": plan["members"],
+        "detached": plan["detach"],
+        "kept": plan["kept"],
+        "commands": plan["commands"],
+        "management_interface": mgmt,
+        "persistence": persistence,
+    }
+    if plan["refused"]:
+        module.fail_json(msg=plan["refused"], **{**result, "changed": False})
+    if plan["commands"]:
+        result["diff"] = {
+            "before": f"{p['bridge']} members: {', '.join(plan['members']) or '(none)'}\n",
+            "after": f"{p['bridge']} members: {', '.join(plan['kept']) or '(none)'}"
+            + ("" if plan["kept"] else f"; {p['bridge']} disabled")
+            + "\n",
+        }
+    apply(module, run, plan["commands"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

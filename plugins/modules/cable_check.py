@@ -1,0 +1,110 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: ping the far end of every cable of this host, bound to that cable's port."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cable_check
+short_description: Verify every cable of this host with a ping bound to its port
+description:
+  - Pings each planned peer address out of the port it is cabled to (Linux C(ping -I port), macOS
+    C(ping -b port)), all ports at once, and fails naming every dead cable by host, port and peer.
+  - Read-only; runs in check mode too, where a cable not yet addressed is reported, not failed.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  ports:
+    description: This host's C(per_host) entries of the plan.
+    type: list
+    elements: dict
+    required: true
+  count:
+    description: Pings per cable; one reply is enough.
+    type: int
+    default: 3
+  host:
+    description: This host's inventory name, used in messages.
+    type: str
+    default: this host
+"""
+
+EXAMPLES = r"""
+- name: Ping across every cable
+  meshkit.cluster.cable_check:
+    ports: "{{ meshkit_plan.per_host[inventory_hostname] }}"
+    host: "{{ inventory_hostname }}"
+"""
+
+RETURN = r"""
+cables:
+  description: Per port - peer, peer address, alive.
+  returned: always
+  type: list
+  elements: dict
+dead:
+  description: One line per cable that did not answer.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import platform
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def ping_argv(system: str, port: str, peer: str, count: int) -> list[str]:
+    if system == "Darwin":
+        return ["ping", "-n", "-q", "-c", str(count), "-i", "0.2", "-t", "3", "-b", port, peer]
+    return ["ping", "-n", "-q", "-c", str(count), "-i", "0.2", "-w", "3", "-I", port, peer]
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "ports": {"type": "list", "elements": "dict", "required": True},
+            "count": {"type": "int", "default": 3},
+            "host": {"type": "str", "default": "this host"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    system = platform.system()
+    procs = []
+    for port in p["ports"]:
+        argv = ping_argv(system, port["port"], port["peer_address"], p["count"])
+        procs.append((port, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    cables, dead = [], []
+    for port, proc in procs:
+        out, _ = proc.communicate(timeout=30)
+        alive = proc.returncode == 0
+        cables.append(
+            {
+                "port": port["port"],
+                "peer": f"{port['peer_host']}:{port['peer_port']}",
+                "peer_address": port["peer_address"],
+                "alive": alive,
+            }
+        )
+        if not alive:
+            dead.append(
+                f"{p['host']}:{port['port']} -> {port['peer_host']}:{port['peer_port']} "
+                f"({port['peer_address']}): no reply"
+            )
+    if dead and not module.check_mode:
+        module.fail_json(msg="dead cable(s): " + "; ".join(dead), cables=cables, dead=dead)
+    module.exit_json(changed=False, cables=cables, dead=dead)
+
+
+if __name__ == "__main__":
+    main()

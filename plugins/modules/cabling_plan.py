@@ -1,0 +1,149 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: the one topology model of the cluster, planned on the controller."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cabling_plan
+short_description: Plan the cluster from every host's discovery - cables, rings, backend, one /30 per cable
+description:
+  - Runs on the controller (C(delegate_to: localhost), C(run_once)).
+  - Matches every port's seen peer identities against the identities of all ports, giving the cables (with
+    multiplicity), asymmetric links, rings (the longest, and parallel rings over doubled cables), the full-mesh
+    check and the backend.
+  - Gives each cable a /30 from O(pool) - deterministic whatever the host order; cables of the last recorded
+    plan keep their networks - and records the plan in O(record). A cabling change against that record is
+    reported.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+options:
+  discovery:
+    description: Per host, the C(ports) list returned by M(meshkit.cluster.discover).
+    type: dict
+    required: true
+  pool:
+    description: IPv4 pool the cable networks come from.
+    type: str
+    default: 198.18.128.0/17
+  backend:
+    description: Backend asked for; empty picks the best the cabling allows and never fails.
+    type: str
+    default: ""
+    choices: ["", ring, jaccl, jaccl-ring]
+  rdma:
+    description: Whether every host has working RDMA (from the RDMA checks).
+    type: bool
+    default: false
+  record:
+    description: Path of the plan record on the controller.
+    type: path
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Plan the cluster
+  meshkit.cluster.cabling_plan:
+    discovery: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, ['meshkit_discovery', 'ports']))) }}"
+    record: artifacts/cluster/plan.json
+  run_once: true
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+plan:
+  description: The topology model - hosts, cables with per-end addresses, ring, rings, mesh, backend, per-host ports.
+  returned: success
+  type: dict
+changes:
+  description: Cables added and removed against the last recorded plan.
+  returned: success
+  type: dict
+unprobed:
+  description: Ports that could not be probed because they are still in a bridge (check mode on a fresh cluster).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
+    Observation,
+    TopologyError,
+    build_plan,
+    cabling_changes,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "discovery": {"type": "dict", "required": True},
+            "pool": {"type": "str", "default": "198.18.128.0/17"},
+            "backend": {"type": "str", "default": "", "choices": ["", "ring", "jaccl", "jaccl-ring"]},
+            "rdma": {"type": "bool", "default": False},
+            "record": {"type": "path", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    observations = []
+    unprobed = []
+    for host, ports in p["discovery"].items():
+        for port in ports or []:
+            if port.get("in_bridge"):
+                unprobed.append(f"{host}:{port['port']} (in {port['in_bridge']})")
+            observations.append(
+                Observation(
+                    host,
+                    port["port"],
+                    port.get("ident") or "",
+                    list(port.get("seen") or []),
+                    port.get("speed"),
+                    port.get("rdma"),
+                )
+            )
+    previous = None
+    if os.path.exists(p["record"]):
+        try:
+            with open(p["record"]) as handle:
+                previous = json.load(handle)
+        except (OSError, ValueError):
+            previous = None
+    try:
+        # With ports still in a bridge (check mode on a fresh cluster) the cabling is not
+        # known yet: plan what can be seen and do not judge the backend on it.
+        backend = "" if unprobed else p["backend"]
+        plan = build_plan(list(p["discovery"]), observations, p["pool"], backend, p["rdma"], previous)
+    except TopologyError as exc:
+        module.fail_json(msg=str(exc), unprobed=unprobed)
+    data = plan.as_dict()
+    changes = cabling_changes(previous, plan)
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    old_text = json.dumps(previous, indent=2, sort_keys=True) + "\n" if previous else ""
+    changed = text != old_text and not unprobed
+    result = {"changed": changed, "plan": data, "changes": changes, "unprobed": unprobed}
+    if changed:
+        result["diff"] = {"before": old_text, "after": text, "before_header": p["record"], "after_header": p["record"]}
+        if not module.check_mode:
+            os.makedirs(os.path.dirname(p["record"]) or ".", exist_ok=True)
+            tmp = p["record"] + ".tmp"
+            with open(tmp, "w") as handle:
+                handle.write(text)
+            os.replace(tmp, p["record"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: report this host's peer ports and what is at the other end of each."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: discover
+short_description: Report this host's peer ports and what is cabled to each
+description:
+  - One round trip per host. Changes nothing; safe in check mode.
+  - Linux - candidate ports are the interfaces matching O(peer_ports) (never the management interface or a
+    bridge). Each port that is up and not enslaved to a bridge is probed at the link layer (an IPv6
+    all-nodes ping bound to the port, all ports at once); the neighbour MACs it learns identify the port
+    at the other end, matched later against the MACs gathered from every host.
+  - Ports still enslaved to a bridge are reported with C(in_bridge) and not probed (a probe through a bridge
+    can answer from any host behind it).
+  - macOS - C(system_profiler SPThunderboltDataType -json) and C(networksetup -listallhardwareports) -
+    port identity by domain UUID, peers found at any depth (behind hubs), receptacle to C(enX), link speed.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  peer_ports:
+    description: Interface name patterns of candidate peer ports (Linux).
+    type: list
+    elements: str
+    default: ["thunderbolt*"]
+  management_address:
+    description: The address the controller reaches this host on.
+    type: str
+  management_interface:
+    description: Override the detected management interface.
+    type: str
+  probe_seconds:
+    description: How long each port's probe may take.
+    type: int
+    default: 1
+"""
+
+EXAMPLES = r"""
+- name: Discover the cabling
+  meshkit.cluster.discover:
+    peer_ports: ["tb*"]
+    management_address: "{{ ansible_host }}"
+  register: meshkit_discovery
+"""
+
+RETURN = r"""
+ports:
+  description: One entry per candidate port - port, ident (MAC or domain UUID), seen (peer identities), speed,
+    rdma device, in_bridge, up.
+  returned: always
+  type: list
+  elements: dict
+platform:
+  description: Linux or Darwin.
+  returned: always
+  type: str
+management_interface:
+  description: The interface found to carry the management connection.
+  returned: always
+  type: str
+"""
+
+import json
+import platform
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import connection_addresses, runner
+
+
+def probe_linux(ports: list[dict], seconds: int) -> None:
+    """Ping IPv6 all-nodes on every port at once; the replies fill the neighbour table."""
+    procs = [
+        subprocess.Popen(
+            ["ping", "-6", "-n", "-q", "-L", "-c", "3", "-i", "0.2", "-w", str(seconds), "-I", p["ifname"], "ff02::1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    for proc in procs:
+        proc.wait(timeout=seconds + 5)
+
+
+def discover_linux(run, params: dict) -> tuple[list[dict], str | None]:
+    all_links = linux_net.links(run)
+    mgmt = linux_net.management_interface(
+        linux_net.addresses(run), connection_addresses(params["management_address"]), params["management_interface"]
+    )
+    candidates = linux_net.candidate_ports(all_links, params["peer_ports"], mgmt)
+    probe = [p for p in candidates if not p.get("master") and "UP" in p.get("flags", [])]
+    if probe:
+        probe_linux(probe, params["probe_seconds"])
+    rc, out, err = run(["ip", "-j", "-6", "neigh", "show"])
+    if rc != 0:
+        raise linux_net.NetError(f"ip -6 neigh failed: {err}")
+    neigh = json.loads(out) if out.strip() else []
+    own_macs = {link.get("address", "").lower() for link in all_links}
+    ports = []
+    for link in candidates:
+        name = link["ifname"]
+        seen = sorted(
+            {
+                n["lladdr"].lower()
+                for n in neigh
+                if n.get("dev") == name and n.get("lladdr") and n["lladdr"].lower() not in own_macs
+            }
+        )
+        speed = None
+        try:
+            with open(f"/sys/class/net/{name}/speed") as handle:
+                value = int(handle.read().strip())
+                speed = f"{value} Mb/s" if value > 0 else None
+        except (OSError, ValueError):
+            pass
+        ports.append(
+            {
+                "port": name,
+                "ident": link.get("address", "").lower(),
+                "seen": seen if not link.get("master") else [],
+                "in_bridge": link.get("master"),
+                "up": "UP" in link.get("flags", []),
+                "speed": speed,
+                "mtu": link.get("mtu"),
+                "rdma": None,
+            }
+        )
+    return ports, mgmt
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "peer_ports": {"type": "list", "elements": "str", "default": ["thunderbolt*"]},
+            "management_address": {"type": "str"},
+            "management_interface": {"type": "str"},
+            "probe_seconds": {"type": "int", "default": 1},
+        },
+        supports_check_mode=True,
+    )
+    run = runner(module)
+    system = platform.system()
+    try:
+        if system == "Darwin":
+            ports = macos.discover(run)
+            mgmt = module.params["management_interface"] or macos.management_interface(
+                run, connection_addresses(module.params["management_address"])
+            )
+            ports = [p for p in ports if p["port"] != mgmt]
+        else:
+            ports, mgmt = discover_linux(run, module.params)
+    except (linux_net.NetError, macos.MacError, ValueError) as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, ports=ports, platform=system, management_interface=mgmt)
+
+
+if __name__ == "__main__":
+    main()

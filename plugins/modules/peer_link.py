@@ -1,0 +1,134 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: give every cabled port of this host its planned address, host route and MTU."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: peer_link
+short_description: Apply this host's part of the cabling plan - one address per cable end, host route, MTU
+description:
+  - Linux - C(ip addr) with the planned /30 on each port, C(ip route replace <peer>/32 dev <port>), the MTU when
+    asked, the port up. Addresses from the pool on peer ports that no longer have a cable are removed; addresses
+    outside the pool are never touched. Runtime configuration.
+  - macOS - a network service per port (the existing one for the device, or C(meshkit enX)) set to a manual
+    address (C(networksetup -setmanual)), which persists; the MTU (C(networksetup -setMTU)); a host route to the
+    peer out of that port (C(route add -host)).
+  - Never touches the management interface.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+options:
+  ports:
+    description: This host's C(per_host) entries of the plan (port, address, prefix, peer_address, ...).
+    type: list
+    elements: dict
+    required: true
+  pool:
+    description: The address pool of the plan; only its addresses are ever removed.
+    type: str
+    required: true
+  peer_ports:
+    description: Interface name patterns of peer ports (Linux), for removing stale addresses.
+    type: list
+    elements: str
+    default: []
+  mtu:
+    description: MTU for every peer port; unset keeps the interface's.
+    type: int
+  management_address:
+    description: The address the controller reaches this host on.
+    type: str
+  management_interface:
+    description: Override the detected management interface.
+    type: str
+"""
+
+EXAMPLES = r"""
+- name: Address every cable end
+  meshkit.cluster.peer_link:
+    ports: "{{ meshkit_plan.per_host[inventory_hostname] }}"
+    pool: 198.18.128.0/17
+"""
+
+RETURN = r"""
+commands:
+  description: The commands run (or in check mode, that would run).
+  returned: always
+  type: list
+  elements: list
+notes:
+  description: Stale addresses removed and similar remarks.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import json
+import platform
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import apply, connection_addresses, runner
+
+
+def linux_routes(run) -> dict[str, list[dict]]:
+    rc, out, err = run(["ip", "-j", "-4", "route", "show", "table", "main"])
+    if rc != 0:
+        raise linux_net.NetError(f"ip route failed: {err}")
+    routes: dict[str, list[dict]] = {}
+    for r in json.loads(out) if out.strip() else []:
+        routes.setdefault(r.get("dev", ""), []).append(r)
+    return routes
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "ports": {"type": "list", "elements": "dict", "required": True},
+            "pool": {"type": "str", "required": True},
+            "peer_ports": {"type": "list", "elements": "str", "default": []},
+            "mtu": {"type": "int"},
+            "management_address": {"type": "str"},
+            "management_interface": {"type": "str"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    run = runner(module)
+    notes: list[str] = []
+    try:
+        if platform.system() == "Darwin":
+            mgmt = p["management_interface"] or macos.management_interface(
+                run, connection_addresses(p["management_address"])
+            )
+            if any(port["port"] == mgmt for port in p["ports"]):
+                module.fail_json(msg=f"the plan puts a cable address on the management interface {mgmt}; refusing")
+            commands = macos.plan_peer_links(run, p["ports"], p["mtu"])
+        else:
+            all_links = linux_net.links(run)
+            addrs = linux_net.addresses(run)
+            mgmt = linux_net.management_interface(
+                addrs, connection_addresses(p["management_address"]), p["management_interface"]
+            )
+            commands, notes = linux_net.plan_peer_links(
+                all_links, addrs, p["ports"], p["pool"], p["peer_ports"], p["mtu"], mgmt, linux_routes(run)
+            )
+    except (linux_net.NetError, macos.MacError) as exc:
+        module.fail_json(msg=str(exc))
+    result = {"changed": bool(commands), "commands": commands, "notes": notes}
+    if commands:
+        result["diff"] = {"before": "", "after": "".join(" ".join(c) + "\n" for c in commands)}
+    apply(module, run, commands)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
