@@ -35,7 +35,7 @@ def apply(module: Any, run, commands: list[list[str]]) -> list[dict[str, Any]]:
     for argv in commands:
         if module.check_mode:
             continue
-        rc, out, err = run(argv)
+        rc, _out, err = run(argv)
         done.append({"cmd": argv, "rc": rc})
         if rc != 0:
             module.fail_json(msg=f"{' '.join(argv)} failed (rc={rc}): {err.strip()}", commands=commands, done=done)

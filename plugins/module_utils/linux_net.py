@@ -101,7 +101,7 @@ def candidate_ports(all_links: list[dict[str, Any]], patterns: list[str], mgmt: 
     for link in all_links:
         name = link["ifname"]
         kind = link.get("linkinfo", {}).get("info_kind")
-        if name == mgmt or name == "lo" or kind == "bridge" or not matches(name, patterns):
+        if name in (mgmt, "lo") or kind == "bridge" or not matches(name, patterns):
             continue
         out.append(link)
     return sorted(out, key=lambda link: link["ifname"])

@@ -109,12 +109,11 @@ def parse_bridge_members(ifconfig: str) -> list[str]:
 def parse_services(text: str) -> dict[str, bool]:
     """`networksetup -listallnetworkservices` → {service: enabled}; disabled ones start with '*'."""
     services = {}
-    for line in text.splitlines()[1:]:  # the first line is an explanation
-        line = line.rstrip()
+    for raw in text.splitlines()[1:]:  # the first line is an explanation
+        line = raw.rstrip()
         if not line:
             continue
-        enabled = not line.startswith("*")
-        services[line.lstrip("*").strip()] = enabled
+        services[line.lstrip("*").strip()] = not line.startswith("*")
     return services
 
 

@@ -303,7 +303,8 @@ def allocate(
                 taken[c] = next(free)
             except StopIteration:
                 raise TopologyError(
-                    f"address pool {pool} has no free /{prefix} left for {c}; give meshkit_address_pool a larger network"
+                    f"address pool {pool} has no free /{prefix} left for {c}; "
+                    "give meshkit_address_pool a larger network"
                 ) from None
     return taken
 

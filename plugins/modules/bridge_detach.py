@@ -9,9 +9,9 @@ DOCUMENTATION = r"""
 module: bridge_detach
 short_description: Take peer ports out of the Thunderbolt bridge and disable the bridge
 description:
-  - Linux: every member of O(bridge) that matches O(peer_ports) (all members when empty) leaves the bridge
+  - On Linux, every member of O(bridge) that matches O(peer_ports) (all members when empty) leaves the bridge
     (C(ip link set dev X nomaster)); a bridge left with no members is brought down.
-  - macOS: the members of O(bridge) are removed (C(ifconfig bridge0 deletem enX)) and the
+  - On macOS, the members of O(bridge) are removed (C(ifconfig bridge0 deletem enX)) and the
     C(Thunderbolt Bridge) network service is disabled, which persists across reboots.
   - Refuses, with no change at all, when the management connection runs over the bridge or one of its members.
   - On Linux the change is runtime only; O(persistence) in the result says so.

@@ -86,7 +86,7 @@ def main() -> None:
         procs.append((port, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
     cables, dead = [], []
     for port, proc in procs:
-        out, _ = proc.communicate(timeout=30)
+        _out, _ = proc.communicate(timeout=30)
         alive = proc.returncode == 0
         cables.append(
             {

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: cabling_plan
 short_description: Plan the cluster from every host's discovery - cables, rings, backend, one /30 per cable
 description:
-  - Runs on the controller (C(delegate_to: localhost), C(run_once)).
+  - Runs on the controller (C(delegate_to=localhost), C(run_once)).
   - Matches every port's seen peer identities against the identities of all ports, giving the cables (with
     multiplicity), asymmetric links, rings (the longest, and parallel rings over doubled cables), the full-mesh
     check and the backend.
@@ -52,7 +52,9 @@ options:
 EXAMPLES = r"""
 - name: Plan the cluster
   meshkit.cluster.cabling_plan:
-    discovery: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, ['meshkit_discovery', 'ports']))) }}"
+    discovery: >-
+      {{ dict(ansible_play_hosts | zip(ansible_play_hosts
+         | map('extract', hostvars, ['meshkit_discovery', 'ports']))) }}
     record: artifacts/cluster/plan.json
   run_once: true
   delegate_to: localhost
