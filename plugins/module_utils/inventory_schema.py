@@ -38,6 +38,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "meshkit_management_interface": {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9_.@-]{1,15}$"},
     "meshkit_state_dir": {"type": "string", "regex": r"^/.*"},
     "meshkit_ping_count": {"type": "integer", "min": 1, "max": 20},
+    "meshkit_artifacts_dir": {"type": "string"},
+    "meshkit_hosts": {"type": "string"},
     # Written by playbooks/lab.yml into lab inventories.
     "meshkit_lab_name": {"type": "string"},
     "meshkit_lab_dir": {"type": "string"},
@@ -106,6 +108,13 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
                 grouped.setdefault(text, []).append(host)
             continue
         merged = {**DEFAULTS, **validator.document}
+        if merged["meshkit_fabric"] != "thunderbolt" and not merged["meshkit_peer_ports"]:
+            grouped.setdefault(
+                f"meshkit_peer_ports is empty with meshkit_fabric={merged['meshkit_fabric']}: name the cabled "
+                "interfaces, e.g. ['enp65s0f*']",
+                [],
+            ).append(host)
+            continue
         normalised[host] = merged
     for key in CLUSTER_WIDE:
         values = {h: v[key] for h, v in normalised.items()}

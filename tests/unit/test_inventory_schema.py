@@ -1,0 +1,175 @@
+"""Inventory validation (plugins/module_utils/inventory_schema.py)."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.meshkit.cluster.plugins.module_utils.inventory_schema import DEFAULTS, validate_hosts
+
+
+def only_problem(host_vars) -> str:
+    normalised, problems = validate_hosts(host_vars)
+    assert len(problems) == 1, problems
+    return problems[0]
+
+
+def test_defaults_are_filled_in():
+    normalised, problems = validate_hosts({"node1": {}, "node2": {"ansible_host": "10.0.0.2"}})
+    assert problems == []
+    assert normalised["node1"] == DEFAULTS
+    assert normalised["node2"] == DEFAULTS  # non-meshkit variables are not validated or returned
+    assert normalised["node1"]["meshkit_backend"] == ""
+    assert normalised["node1"]["meshkit_address_pool"] == "198.18.128.0/17"
+    assert normalised["node1"]["meshkit_bridge"] == "bridge0"
+    assert normalised["node1"]["meshkit_ping_count"] == 3
+
+
+def test_given_values_override_defaults():
+    normalised, problems = validate_hosts(
+        {"node1": {"meshkit_backend": "ring", "meshkit_mtu": 9000, "meshkit_peer_ports": ["tb*"]}}
+    )
+    assert problems == []
+    assert normalised["node1"]["meshkit_backend"] == "ring"
+    assert normalised["node1"]["meshkit_mtu"] == 9000
+    assert normalised["node1"]["meshkit_peer_ports"] == ["tb*"]
+    assert normalised["node1"]["meshkit_fabric"] == "thunderbolt"
+
+
+def test_typo_gets_a_did_you_mean():
+    normalised, problems = validate_hosts({"node1": {"meshkit_backnd": "ring"}})
+    assert problems == ["node1: meshkit_backnd is not a meshkit variable; did you mean meshkit_backend?"]
+    # the typo'd value is not silently used
+    assert normalised["node1"]["meshkit_backend"] == ""
+
+
+def test_typo_on_several_hosts_is_one_line():
+    problem = only_problem({h: {"meshkit_adress_pool": "10.0.0.0/24"} for h in ("node2", "node1", "node3")})
+    assert problem == "node1, node2, node3: meshkit_adress_pool is not a meshkit variable; did you mean meshkit_address_pool?"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("meshkit_mtu", "big", "node1: meshkit_mtu = 'big': must be of integer type"),
+        ("meshkit_mtu", 100, "node1: meshkit_mtu = 100: min value is 1280"),
+        ("meshkit_mtu", 70000, "node1: meshkit_mtu = 70000: max value is 65520"),
+        ("meshkit_backend", "rung", "node1: meshkit_backend = 'rung': unallowed value rung"),
+        ("meshkit_address_pool", "10.0.0.1/8", "node1: meshkit_address_pool = '10.0.0.1/8': not an IPv4 network"),
+        ("meshkit_address_pool", "fd00::/64", "node1: meshkit_address_pool = 'fd00::/64': not an IPv4 network"),
+        ("meshkit_address_pool", "10.0.0.0/30", "node1: meshkit_address_pool = '10.0.0.0/30': too small"),
+        ("meshkit_fabric", "infiniband", "node1: meshkit_fabric = 'infiniband': unallowed value infiniband"),
+        ("meshkit_peer_ports", "thunderbolt*", "node1: meshkit_peer_ports = 'thunderbolt*': must be of list type"),
+        ("meshkit_state_dir", "var/lib", "node1: meshkit_state_dir = 'var/lib':"),
+        ("meshkit_ping_count", 0, "node1: meshkit_ping_count = 0: min value is 1"),
+        ("meshkit_cluster_name", "-bad", "node1: meshkit_cluster_name = '-bad':"),
+        ("meshkit_bridge", "a-name-longer-than-15", "node1: meshkit_bridge = 'a-name-longer-than-15':"),
+    ],
+)
+def test_bad_value_names_host_field_and_value(field, value, expected):
+    normalised, problems = validate_hosts({"node1": {field: value}, "node2": {}})
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(expected), problems[0]
+    assert "node1" not in normalised
+    assert "node2" in normalised
+
+
+def test_bad_value_comes_with_a_hint():
+    problem = only_problem({"node1": {"meshkit_backend": "rung"}})
+    assert problem.endswith("use ring, jaccl, jaccl-ring, or leave it unset for the best the cabling allows")
+    problem = only_problem({"node1": {"meshkit_address_pool": "10.0.0.0/30"}})
+    assert "/29 or larger" in problem
+
+
+def test_pool_of_29_is_big_enough():
+    assert validate_hosts({"node1": {"meshkit_address_pool": "10.0.0.0/29"}})[1] == []
+
+
+def test_group_level_bad_value_is_one_problem_line_for_all_hosts():
+    hosts = {f"node{i}": {"meshkit_mtu": "big"} for i in (3, 1, 2)}
+    problem = only_problem(hosts)
+    assert problem.startswith("node1, node2, node3: meshkit_mtu = 'big':")
+
+
+def test_different_bad_values_are_different_lines():
+    _normalised, problems = validate_hosts({"node1": {"meshkit_mtu": "big"}, "node2": {"meshkit_mtu": "huge"}})
+    assert len(problems) == 2
+    assert any(p.startswith("node1: meshkit_mtu = 'big'") for p in problems)
+    assert any(p.startswith("node2: meshkit_mtu = 'huge'") for p in problems)
+
+
+def test_several_problems_on_one_host_are_all_reported():
+    _normalised, problems = validate_hosts(
+        {"node1": {"meshkit_mtu": "big", "meshkit_backend": "rung", "meshkit_backnd": "ring"}}
+    )
+    assert len(problems) == 3
+    assert all(p.startswith("node1: ") for p in problems)
+
+
+@pytest.mark.parametrize("key", ["meshkit_backend", "meshkit_address_pool", "meshkit_cluster_name"])
+def test_cluster_wide_variable_differing_between_hosts_is_reported(key):
+    values = {"meshkit_backend": ("ring", ""), "meshkit_address_pool": ("10.1.0.0/24", "10.2.0.0/24")}.get(
+        key, ("alpha", "beta")
+    )
+    problem = only_problem({"node1": {key: values[0]}, "node2": {key: values[1]}, "node3": {key: values[0]}})
+    assert problem.startswith(f"node1, node2, node3: {key} differs between hosts (")
+    assert f"node1={values[0]!r}" in problem
+    assert f"node2={values[1]!r}" in problem
+    assert "set it once for the whole cluster" in problem
+
+
+def test_cluster_wide_variable_defaulted_on_one_host_differs_too():
+    problem = only_problem({"node1": {"meshkit_backend": "jaccl"}, "node2": {}})
+    assert "meshkit_backend differs between hosts (node1='jaccl', node2='')" in problem
+
+
+def test_host_specific_variables_may_differ():
+    _normalised, problems = validate_hosts(
+        {"node1": {"meshkit_mtu": 9000, "meshkit_bridge": "br0"}, "node2": {"meshkit_mtu": 1500}}
+    )
+    assert problems == []
+
+
+def test_extra_vars_strings_are_coerced_to_int():
+    normalised, problems = validate_hosts({"node1": {"meshkit_mtu": "9000", "meshkit_ping_count": " 5 "}})
+    assert problems == []
+    assert normalised["node1"]["meshkit_mtu"] == 9000
+    assert normalised["node1"]["meshkit_ping_count"] == 5
+
+
+def test_empty_mtu_from_extra_vars_means_unset():
+    normalised, problems = validate_hosts({"node1": {"meshkit_mtu": ""}})
+    assert problems == []
+    assert normalised["node1"]["meshkit_mtu"] is None
+
+
+def test_negative_mtu_string_is_coerced_then_rejected():
+    assert only_problem({"node1": {"meshkit_mtu": "-1"}}).startswith("node1: meshkit_mtu = -1: min value is 1280")
+
+
+def test_input_is_not_modified():
+    given = {"node1": {"meshkit_mtu": "9000"}}
+    validate_hosts(given)
+    assert given == {"node1": {"meshkit_mtu": "9000"}}
+
+
+def test_playbook_knobs_passed_with_extra_vars_are_accepted():
+    # setup.yml reads meshkit_hosts and meshkit_artifacts_dir; `-e meshkit_hosts=lab` puts them in every
+    # host's hostvars, which plugins/action/inventory_check.py hands to validate_hosts.
+    _normalised, problems = validate_hosts({"node1": {"meshkit_hosts": "lab", "meshkit_artifacts_dir": "/tmp/a"}})
+    assert problems == []
+
+
+def test_lab_inventory_variables_are_accepted():
+    lab_vars = {
+        "meshkit_lab_name": "lab",
+        "meshkit_lab_dir": "/work/.lab/lab",
+        "meshkit_lab_netns": "lab-node1",
+        "meshkit_lab_ports": ["tb0", "tb1"],
+        "meshkit_peer_ports": ["tb*"],
+    }
+    assert validate_hosts({"node1": lab_vars})[1] == []
+
+
+def test_non_thunderbolt_fabric_needs_peer_ports():
+    problem = only_problem({"node1": {"meshkit_fabric": "ethernet"}})
+    assert problem.startswith("node1: meshkit_peer_ports is empty")
+    assert validate_hosts({"node1": {"meshkit_fabric": "ethernet", "meshkit_peer_ports": ["enp1s0f*"]}})[1] == []
