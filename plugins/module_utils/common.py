@@ -18,11 +18,15 @@ def runner(module: Any):
     return run
 
 
-def connection_addresses(extra: str | None) -> list[str]:
-    """Addresses the controller may be reaching this host on: sshd's side of SSH_CONNECTION first."""
+def connection_addresses(extra: str | None, controller: bool = False) -> list[str]:
+    """Addresses that identify the management connection: sshd's side of SSH_CONNECTION first
+    (the controller's side too, first, when ``controller``: macOS finds the interface by the
+    route to the controller), then ``extra`` (the inventory's ansible_host)."""
     out = []
     ssh = os.environ.get("SSH_CONNECTION", "").split()
     if len(ssh) == 4:
+        if controller:
+            out.append(ssh[0])
         out.append(ssh[2])
     if extra:
         out.append(extra)

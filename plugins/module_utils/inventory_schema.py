@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import ipaddress
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, DEFAULT_POOL
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, DEFAULT_POOL, natural_key
 from cerberus import Validator
 
 DEFAULTS: dict[str, Any] = {
@@ -97,8 +98,10 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
         given = _coerce({k: v for k, v in host_vars[host].items() if k.startswith("meshkit_")})
         for key in given:
             if key not in SCHEMA:
-                close = difflib.get_close_matches(key, list(SCHEMA), n=1)
-                hint = f"did you mean {close[0]}?" if close else "remove it or check the spelling"
+                # Compare what follows "meshkit_", or every name looks close to every other.
+                stems = {k.removeprefix("meshkit_"): k for k in SCHEMA}
+                close = difflib.get_close_matches(key.removeprefix("meshkit_"), list(stems), n=1, cutoff=0.75)
+                hint = f"did you mean {stems[close[0]]}?" if close else "remove it or check the spelling"
                 grouped.setdefault(f"{key} is not a meshkit variable; {hint}", []).append(host)
         known = {k: v for k, v in given.items() if k in SCHEMA}
         if not validator.validate(known):
@@ -107,7 +110,7 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
                 text = f"{field} = {known.get(field)!r}: {message}; {HINTS.get(field, '')}".rstrip("; ")
                 grouped.setdefault(text, []).append(host)
             continue
-        merged = {**DEFAULTS, **validator.document}
+        merged = {**copy.deepcopy(DEFAULTS), **validator.document}
         if merged["meshkit_fabric"] != "thunderbolt" and not merged["meshkit_peer_ports"]:
             grouped.setdefault(
                 f"meshkit_peer_ports is empty with meshkit_fabric={merged['meshkit_fabric']}: name the cabled "
@@ -123,5 +126,5 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
             grouped.setdefault(f"{key} differs between hosts ({shown}); set it once for the whole cluster", []).extend(
                 sorted(values)
             )
-    problems = [f"{', '.join(sorted(set(hosts)))}: {text}" for text, hosts in grouped.items()]
+    problems = [f"{', '.join(sorted(set(hosts), key=natural_key))}: {text}" for text, hosts in grouped.items()]
     return normalised, problems

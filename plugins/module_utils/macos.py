@@ -148,8 +148,9 @@ def management_interface(run: Run, candidates: list[str]) -> str | None:
             continue
         rc, out, _err = run(["route", "-n", "get", address])
         match = re.search(r"interface:\s*(\S+)", out) if rc == 0 else None
-        if match:
-            # The route to the controller's side leaves through the interface we are reached on.
+        # The route to the controller leaves through the interface we are reached on; the
+        # host's own address routes through lo0, which tells nothing.
+        if match and match.group(1) != "lo0":
             return match.group(1)
     return None
 
@@ -171,9 +172,13 @@ def plan_bridge(state: dict[str, Any], bridge: str, service: str, mgmt: str | No
 
 # ---- peer links -------------------------------------------------------------
 def parse_getinfo(text: str) -> dict[str, str]:
+    """`networksetup -getinfo SERVICE` → fields; the mode line ("Manual Configuration",
+    "DHCP Configuration", ...) has no colon and is kept under "Configuration"."""
     info = {}
     for line in text.splitlines():
-        if ":" in line:
+        if line.strip().endswith("Configuration") and ":" not in line:
+            info["Configuration"] = line.strip()
+        elif ":" in line:
             key, value = line.split(":", 1)
             info[key.strip()] = value.strip()
     return info
@@ -200,14 +205,18 @@ def plan_peer_links(run: Run, ports: list[dict[str, Any]], mtu: int | None) -> l
         if not (
             info.get("IP address") == p["address"]
             and info.get("Subnet mask") == mask
-            and "Manual" in info.get("Manual Configuration", info.get("Configuration", "Manual"))
+            and info.get("Configuration") == "Manual Configuration"
         ):
             commands.append(["networksetup", "-setmanual", service, p["address"], mask])
         if mtu:
             rc, out, _err = run(["networksetup", "-getMTU", dev])
-            if rc != 0 or str(mtu) not in out:
+            current = re.search(r"Active MTU:\s*([0-9]+)", out) if rc == 0 else None
+            if not current or int(current.group(1)) != mtu:
                 commands.append(["networksetup", "-setMTU", dev, str(mtu)])
         rc, out, _err = run(["route", "-n", "get", p["peer_address"]])
         if rc != 0 or not re.search(rf"interface:\s*{re.escape(dev)}\b", out):
-            commands.append(["route", "-n", "add", "-host", p["peer_address"], "-interface", dev])
+            # A stale host route to the peer (another port) is changed, not added twice.
+            host_route = rc == 0 and re.search(rf"destination:\s*{re.escape(p['peer_address'])}\s*$", out, re.M)
+            verb = "change" if host_route else "add"
+            commands.append(["route", "-n", verb, "-host", p["peer_address"], "-interface", dev])
     return commands

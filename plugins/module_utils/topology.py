@@ -95,15 +95,37 @@ def cables_from_observations(obs: list[Observation]) -> tuple[list[Cable], list[
     for o in obs:
         peers = [by_ident[s.lower()] for s in o.seen if s.lower() in by_ident and by_ident[s.lower()].host != o.host]
         strangers = [s for s in o.seen if s.lower() not in by_ident]
+        if len(peers) > 1:
+            # A cable has two ends: a port answering for several ports is on a shared
+            # segment (a switch, or a hub with several Macs behind it), not a cable.
+            unknown.append(
+                {
+                    "host": o.host,
+                    "port": o.port,
+                    "seen": sorted(str(PortEnd(p.host, p.port)) for p in peers),
+                    "reason": "sees several ports: a shared segment, not a point-to-point cable",
+                }
+            )
+            continue
         if strangers and not peers:
-            unknown.append({"host": o.host, "port": o.port, "seen": strangers})
+            unknown.append(
+                {
+                    "host": o.host,
+                    "port": o.port,
+                    "seen": sorted(strangers),
+                    "reason": "its peer is not a port of any inventory host",
+                }
+            )
         for p in peers:
             mine = PortEnd(o.host, o.port)
             theirs = PortEnd(p.host, p.port)
-            if any(s.lower() == o.ident.lower() for s in p.seen):
+            p_peers = {s.lower() for s in p.seen if s.lower() in by_ident and by_ident[s.lower()].host != p.host}
+            if o.ident.lower() in p_peers and len(p_peers) == 1:
                 cables.add(Cable.between(mine, theirs))
-            else:
+            elif o.ident.lower() not in p_peers:
                 asymmetric.append({"seen_by": str(mine), "peer": str(theirs), "reason": f"{theirs} did not see {mine}"})
+    asymmetric.sort(key=lambda a: (natural_key(a["seen_by"]), natural_key(a["peer"])))
+    unknown.sort(key=lambda u: (natural_key(u["host"]), natural_key(u["port"])))
     return sorted(cables, key=lambda c: (end_key(c.a), end_key(c.b))), asymmetric, unknown
 
 
@@ -120,9 +142,10 @@ def longest_ring(hosts: list[str], cables: list[Cable]) -> list[str]:
 
     Two hosts joined by two cables form a ring of two (it has two disjoint paths).
     """
-    g = nx.Graph(_graph(hosts, cables))
-    n = len(hosts)
     ordered = sorted(hosts, key=natural_key)
+    cables = sorted(cables, key=lambda c: (end_key(c.a), end_key(c.b)))
+    g = nx.Graph(_graph(ordered, cables))
+    n = len(hosts)
     pair_count = Counter(frozenset(c.hosts) for c in cables)
     if n >= 3 and all(g.has_edge(a, b) for i, a in enumerate(ordered) for b in ordered[i + 1 :]):
         return ordered  # a full mesh: any order is a ring, keep the natural one
@@ -328,6 +351,9 @@ def choose_backend(
     def need_ring() -> None:
         if not full_ring:
             missing = missing_for_ring(hosts, cables)
+            if len(hosts) == 2:
+                # Two hosts make a ring only with two cables between them.
+                missing = [tuple(sorted(hosts, key=natural_key))] * max(1, 2 - len(cables))
             names = ", ".join(f"{a} <-> {b}" for a, b in missing)
             raise TopologyError(
                 f"backend {requested} needs a ring through all {len(hosts)} hosts; missing cable(s): {names}"

@@ -102,7 +102,9 @@ def main() -> None:
     try:
         if platform.system() == "Darwin":
             state = macos.read_bridge_state(run, p["bridge"], p["service"])
-            mgmt = p["management_interface"] or macos.management_interface(run, candidates)
+            mgmt = p["management_interface"] or macos.management_interface(
+                run, connection_addresses(p["management_address"], controller=True)
+            )
             plan = macos.plan_bridge(state, p["bridge"], p["service"], mgmt)
             persistence = f"the '{p['service']}' service stays disabled across reboots"
         else:

@@ -155,7 +155,7 @@ def main() -> None:
         if system == "Darwin":
             ports = macos.discover(run)
             mgmt = module.params["management_interface"] or macos.management_interface(
-                run, connection_addresses(module.params["management_address"])
+                run, connection_addresses(module.params["management_address"], controller=True)
             )
             ports = [p for p in ports if p["port"] != mgmt]
         else:

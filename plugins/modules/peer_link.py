@@ -107,7 +107,7 @@ def main() -> None:
     try:
         if platform.system() == "Darwin":
             mgmt = p["management_interface"] or macos.management_interface(
-                run, connection_addresses(p["management_address"])
+                run, connection_addresses(p["management_address"], controller=True)
             )
             if any(port["port"] == mgmt for port in p["ports"]):
                 module.fail_json(msg=f"the plan puts a cable address on the management interface {mgmt}; refusing")

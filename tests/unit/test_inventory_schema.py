@@ -7,7 +7,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.inventory_schema i
 
 
 def only_problem(host_vars) -> str:
-    normalised, problems = validate_hosts(host_vars)
+    _normalised, problems = validate_hosts(host_vars)
     assert len(problems) == 1, problems
     return problems[0]
 
@@ -43,7 +43,10 @@ def test_typo_gets_a_did_you_mean():
 
 def test_typo_on_several_hosts_is_one_line():
     problem = only_problem({h: {"meshkit_adress_pool": "10.0.0.0/24"} for h in ("node2", "node1", "node3")})
-    assert problem == "node1, node2, node3: meshkit_adress_pool is not a meshkit variable; did you mean meshkit_address_pool?"
+    assert (
+        problem
+        == "node1, node2, node3: meshkit_adress_pool is not a meshkit variable; did you mean meshkit_address_pool?"
+    )
 
 
 @pytest.mark.parametrize(
