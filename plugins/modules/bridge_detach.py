@@ -14,7 +14,8 @@ description:
   - On macOS, the members of O(bridge) are removed (C(ifconfig bridge0 deletem enX)) and the
     C(Thunderbolt Bridge) network service is disabled, which persists across reboots.
   - Refuses, with no change at all, when the management connection runs over the bridge or one of its members.
-  - On Linux the change is runtime only; O(persistence) in the result says so.
+  - On Linux the change is made at runtime with C(ip) and persisted through systemd-networkd or NetworkManager
+    where the host runs one (O(persist)); the result's C(persistence) says which.
 version_added: 0.1.0
 author: meshkit contributors
 extends_documentation_fragment:
@@ -44,6 +45,19 @@ options:
     description: macOS network service of the bridge.
     type: str
     default: Thunderbolt Bridge
+  persist:
+    description:
+      - Linux - how the change survives a reboot. V(auto) uses systemd-networkd when it runs (a
+        C(00-meshkit-<port>.network) file per peer port, so the port is no bridge member at boot), else
+        NetworkManager when it runs (bridge-slave profiles of the ports stop autoconnecting; a C(meshkit-<port>)
+        profile per port), else the change is runtime only.
+    type: str
+    choices: [auto, networkd, networkmanager, runtime]
+    default: auto
+  networkd_dir:
+    description: Directory of systemd-networkd files.
+    type: path
+    default: /etc/systemd/network
 """
 
 EXAMPLES = r"""
@@ -81,7 +95,7 @@ persistence:
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import apply, connection_addresses, runner
 
 
@@ -93,12 +107,19 @@ def main() -> None:
             "management_address": {"type": "str"},
             "management_interface": {"type": "str"},
             "service": {"type": "str", "default": "Thunderbolt Bridge"},
+            "persist": {
+                "type": "str",
+                "default": "auto",
+                "choices": ["auto", "networkd", "networkmanager", "runtime"],
+            },
+            "networkd_dir": {"type": "path", "default": "/etc/systemd/network"},
         },
         supports_check_mode=True,
     )
     p = module.params
     run = runner(module)
     candidates = connection_addresses(p["management_address"])
+    files = linux_persist.FileSet()
     try:
         if platform.system() == "Darwin":
             state = macos.read_bridge_state(run, p["bridge"], p["service"])
@@ -111,28 +132,57 @@ def main() -> None:
             all_links = linux_net.links(run)
             mgmt = linux_net.management_interface(linux_net.addresses(run), candidates, p["management_interface"])
             plan = linux_net.plan_bridge(all_links, p["bridge"], p["peer_ports"], mgmt)
-            persistence = "runtime (neither systemd-networkd nor NetworkManager configuration is written)"
-    except (linux_net.NetError, macos.MacError) as exc:
+            manager = p["persist"]
+            if manager == "auto":
+                manager = linux_persist.detect(run, lambda b: module.get_bin_path(b) is not None)
+            elif manager == "runtime":
+                manager = None
+            persistence = linux_persist.describe(manager)
+            # Every peer port, detached now or in an earlier run, stays out of the bridge at boot.
+            ports = sorted(
+                set(plan["detach"])
+                | {
+                    link["ifname"]
+                    for link in linux_net.candidate_ports(all_links, p["peer_ports"], mgmt)
+                    if p["peer_ports"] and not link.get("master")
+                }
+            )
+            if manager == "networkd" and not plan["refused"]:
+                for port in ports:
+                    path, content = linux_persist.networkd_port(p["networkd_dir"], port)
+                    files.wanted[path] = content
+            elif manager == "networkmanager" and not plan["refused"]:
+                plan["commands"] += linux_persist.nm_bridge_commands(run, ports, p["bridge"])
+    except (linux_net.NetError, macos.MacError, RuntimeError) as exc:
         module.fail_json(msg=str(exc))
+    file_changes = files.changes()
     result = {
-        "changed": bool(plan["commands"]),
+        "changed": bool(plan["commands"] or file_changes),
         "members": plan["members"],
         "detached": plan["detach"],
         "kept": plan["kept"],
         "commands": plan["commands"],
         "management_interface": mgmt,
         "persistence": persistence,
+        "files": [c["path"] for c in file_changes],
     }
     if plan["refused"]:
         module.fail_json(msg=plan["refused"], **{**result, "changed": False})
-    if plan["commands"]:
-        result["diff"] = {
-            "before": f"{p['bridge']} members: {', '.join(plan['members']) or '(none)'}\n",
-            "after": f"{p['bridge']} members: {', '.join(plan['kept']) or '(none)'}"
+    if plan["commands"] or file_changes:
+        before = f"{p['bridge']} members: {', '.join(plan['members']) or '(none)'}\n"
+        after = (
+            f"{p['bridge']} members: {', '.join(plan['kept']) or '(none)'}"
             + ("" if plan["kept"] else f"; {p['bridge']} disabled")
-            + "\n",
-        }
+            + "\n"
+        )
+        for c in file_changes:
+            before += f"--- {c['path']}\n{c['before']}"
+            after += f"+++ {c['path']}\n{c['after']}"
+        result["diff"] = {"before": before, "after": after}
     apply(module, run, plan["commands"])
+    if file_changes and not module.check_mode:
+        files.apply()
+        apply(module, run, [["networkctl", "reload"]])
     module.exit_json(**result)
 
 

@@ -49,6 +49,19 @@ options:
   management_interface:
     description: Override the detected management interface.
     type: str
+  persist:
+    description:
+      - Linux - V(auto) persists through systemd-networkd when it runs (a drop-in
+        C(00-meshkit-<port>.network.d/50-address.conf) with Address, the peer route and MTU; drop-ins of ports
+        without a cable are removed), else NetworkManager (the C(meshkit-<port>) profile gets the manual address,
+        route and MTU), else runtime only.
+    type: str
+    choices: [auto, networkd, networkmanager, runtime]
+    default: auto
+  networkd_dir:
+    description: Directory of systemd-networkd files.
+    type: path
+    default: /etc/systemd/network
 """
 
 EXAMPLES = r"""
@@ -64,6 +77,10 @@ commands:
   returned: always
   type: list
   elements: list
+persistence:
+  description: How the configuration survives a reboot.
+  returned: always
+  type: str
 notes:
   description: Stale addresses removed and similar remarks.
   returned: always
@@ -75,7 +92,7 @@ import json
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import apply, connection_addresses, runner
 
 
@@ -98,12 +115,20 @@ def main() -> None:
             "mtu": {"type": "int"},
             "management_address": {"type": "str"},
             "management_interface": {"type": "str"},
+            "persist": {
+                "type": "str",
+                "default": "auto",
+                "choices": ["auto", "networkd", "networkmanager", "runtime"],
+            },
+            "networkd_dir": {"type": "path", "default": "/etc/systemd/network"},
         },
         supports_check_mode=True,
     )
     p = module.params
     run = runner(module)
     notes: list[str] = []
+    files = linux_persist.FileSet()
+    persistence = "network services set with networksetup persist across reboots"
     try:
         if platform.system() == "Darwin":
             mgmt = p["management_interface"] or macos.management_interface(
@@ -121,12 +146,39 @@ def main() -> None:
             commands, notes = linux_net.plan_peer_links(
                 all_links, addrs, p["ports"], p["pool"], p["peer_ports"], p["mtu"], mgmt, linux_routes(run)
             )
-    except (linux_net.NetError, macos.MacError) as exc:
+            manager = p["persist"]
+            if manager == "auto":
+                manager = linux_persist.detect(run, lambda b: module.get_bin_path(b) is not None)
+            elif manager == "runtime":
+                manager = None
+            persistence = linux_persist.describe(manager)
+            if manager == "networkd":
+                for port in p["ports"]:
+                    path, content = linux_persist.networkd_address(p["networkd_dir"], port, p["mtu"])
+                    files.wanted[path] = content
+                for stale in linux_persist.networkd_stale_dropins(p["networkd_dir"], {x["port"] for x in p["ports"]}):
+                    files.wanted[stale] = None
+            elif manager == "networkmanager":
+                commands += linux_persist.nm_address_commands(run, p["ports"], p["mtu"])
+    except (linux_net.NetError, macos.MacError, RuntimeError) as exc:
         module.fail_json(msg=str(exc))
-    result = {"changed": bool(commands), "commands": commands, "notes": notes}
-    if commands:
-        result["diff"] = {"before": "", "after": "".join(" ".join(c) + "\n" for c in commands)}
+    file_changes = files.changes()
+    result = {
+        "changed": bool(commands or file_changes),
+        "commands": commands,
+        "notes": notes,
+        "persistence": persistence,
+        "files": [c["path"] for c in file_changes],
+    }
+    if commands or file_changes:
+        before = "".join(f"--- {c['path']}\n{c['before']}" for c in file_changes)
+        after = "".join(" ".join(c) + "\n" for c in commands)
+        after += "".join(f"+++ {c['path']}\n{c['after']}" for c in file_changes)
+        result["diff"] = {"before": before, "after": after}
     apply(module, run, commands)
+    if file_changes and not module.check_mode:
+        files.apply()
+        apply(module, run, [["networkctl", "reload"]])
     module.exit_json(**result)
 
 

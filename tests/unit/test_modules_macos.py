@@ -357,7 +357,13 @@ def test_peer_link_converged_changes_nothing(mac):
     }
     result, fake = mac(peer_link, {"ports": [EN1], "pool": POOL, "mtu": 9000, "management_interface": "en0"}, answers)
     assert fake.mutating == []
-    assert result == {"changed": False, "commands": [], "notes": []}
+    assert result == {
+        "changed": False,
+        "commands": [],
+        "notes": [],
+        "persistence": "network services set with networksetup persist across reboots",
+        "files": [],
+    }
 
 
 def test_peer_link_switches_a_dhcp_service_to_manual(mac):
