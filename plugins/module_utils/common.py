@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
+
 
 def runner(module: Any):
     """run(argv) through AnsibleModule.run_command, in the C locale so parsers see stable output."""
@@ -44,3 +46,45 @@ def apply(module: Any, run, commands: list[list[str]]) -> list[dict[str, Any]]:
         if rc != 0:
             module.fail_json(msg=f"{' '.join(argv)} failed (rc={rc}): {err.strip()}", commands=commands, done=done)
     return done
+
+
+# Options every module that must keep off the management interface takes.
+MANAGEMENT_ARGS: dict[str, dict[str, Any]] = {
+    "management_address": {"type": "str"},
+    "management_interface": {"type": "str"},
+}
+# Options of the modules that persist Linux configuration.
+PERSIST_ARGS: dict[str, dict[str, Any]] = {
+    "persist": {"type": "str", "default": "auto", "choices": ["auto", "networkd", "networkmanager", "runtime"]},
+    "networkd_dir": {"type": "path", "default": "/etc/systemd/network"},
+}
+
+
+def find_management_interface(module: Any, run, darwin: bool, addrs: list[dict[str, Any]] | None = None) -> str | None:
+    """The interface carrying the connection this play runs over (the override wins)."""
+    from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
+
+    p = module.params
+    if p.get("management_interface"):
+        return p["management_interface"]
+    if darwin:
+        return macos.management_interface(run, connection_addresses(p.get("management_address"), controller=True))
+    addrs = linux_net.addresses(run) if addrs is None else addrs
+    return linux_net.management_interface(addrs, connection_addresses(p.get("management_address")), None)
+
+
+def persist_manager(module: Any, run) -> str | None:
+    """networkd, networkmanager or None (runtime only), from the persist option."""
+    from ansible_collections.meshkit.cluster.plugins.module_utils import linux_persist
+
+    choice = module.params["persist"]
+    if choice == "auto":
+        return linux_persist.detect(run, lambda b: module.get_bin_path(b) is not None)
+    return None if choice == "runtime" else choice
+
+
+def write_files(module: Any, run, files, changes: list[dict[str, Any]]) -> None:
+    """Write changed persistence files (not in check mode) and let networkd reload them."""
+    if changes and not module.check_mode:
+        files.apply()
+        apply(module, run, [["networkctl", "reload"]])

@@ -96,7 +96,15 @@ import platform
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
-from ansible_collections.meshkit.cluster.plugins.module_utils.common import apply, connection_addresses, runner
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
+    MANAGEMENT_ARGS,
+    PERSIST_ARGS,
+    apply,
+    find_management_interface,
+    persist_manager,
+    runner,
+    write_files,
+)
 
 
 def main() -> None:
@@ -104,39 +112,26 @@ def main() -> None:
         argument_spec={
             "bridge": {"type": "str", "default": "bridge0"},
             "peer_ports": {"type": "list", "elements": "str", "default": []},
-            "management_address": {"type": "str"},
-            "management_interface": {"type": "str"},
             "service": {"type": "str", "default": "Thunderbolt Bridge"},
-            "persist": {
-                "type": "str",
-                "default": "auto",
-                "choices": ["auto", "networkd", "networkmanager", "runtime"],
-            },
-            "networkd_dir": {"type": "path", "default": "/etc/systemd/network"},
+            **MANAGEMENT_ARGS,
+            **PERSIST_ARGS,
         },
         supports_check_mode=True,
     )
     p = module.params
     run = runner(module)
-    candidates = connection_addresses(p["management_address"])
     files = linux_persist.FileSet()
     try:
         if platform.system() == "Darwin":
             state = macos.read_bridge_state(run, p["bridge"], p["service"])
-            mgmt = p["management_interface"] or macos.management_interface(
-                run, connection_addresses(p["management_address"], controller=True)
-            )
+            mgmt = find_management_interface(module, run, darwin=True)
             plan = macos.plan_bridge(state, p["bridge"], p["service"], mgmt)
             persistence = f"the '{p['service']}' service stays disabled across reboots"
         else:
             all_links = linux_net.links(run)
-            mgmt = linux_net.management_interface(linux_net.addresses(run), candidates, p["management_interface"])
+            mgmt = find_management_interface(module, run, darwin=False)
             plan = linux_net.plan_bridge(all_links, p["bridge"], p["peer_ports"], mgmt)
-            manager = p["persist"]
-            if manager == "auto":
-                manager = linux_persist.detect(run, lambda b: module.get_bin_path(b) is not None)
-            elif manager == "runtime":
-                manager = None
+            manager = persist_manager(module, run)
             persistence = linux_persist.describe(manager)
             # Every peer port, detached now or in an earlier run, stays out of the bridge at boot.
             ports = sorted(
@@ -180,9 +175,7 @@ def main() -> None:
             after += f"+++ {c['path']}\n{c['after']}"
         result["diff"] = {"before": before, "after": after}
     apply(module, run, plan["commands"])
-    if file_changes and not module.check_mode:
-        files.apply()
-        apply(module, run, [["networkctl", "reload"]])
+    write_files(module, run, files, file_changes)
     module.exit_json(**result)
 
 

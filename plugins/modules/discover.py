@@ -76,7 +76,11 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
-from ansible_collections.meshkit.cluster.plugins.module_utils.common import connection_addresses, runner
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
+    MANAGEMENT_ARGS,
+    find_management_interface,
+    runner,
+)
 
 
 def probe_linux(ports: list[dict], seconds: int) -> None:
@@ -93,11 +97,9 @@ def probe_linux(ports: list[dict], seconds: int) -> None:
         proc.wait(timeout=seconds + 5)
 
 
-def discover_linux(run, params: dict) -> tuple[list[dict], str | None]:
+def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
     all_links = linux_net.links(run)
-    mgmt = linux_net.management_interface(
-        linux_net.addresses(run), connection_addresses(params["management_address"]), params["management_interface"]
-    )
+    mgmt = find_management_interface(module, run, darwin=False)
     candidates = linux_net.candidate_ports(all_links, params["peer_ports"], mgmt)
     probe = [p for p in candidates if not p.get("master") and "UP" in p.get("flags", [])]
     if probe:
@@ -143,8 +145,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "peer_ports": {"type": "list", "elements": "str", "default": ["thunderbolt*"]},
-            "management_address": {"type": "str"},
-            "management_interface": {"type": "str"},
+            **MANAGEMENT_ARGS,
             "probe_seconds": {"type": "int", "default": 1},
         },
         supports_check_mode=True,
@@ -154,12 +155,10 @@ def main() -> None:
     try:
         if system == "Darwin":
             ports = macos.discover(run)
-            mgmt = module.params["management_interface"] or macos.management_interface(
-                run, connection_addresses(module.params["management_address"], controller=True)
-            )
+            mgmt = find_management_interface(module, run, darwin=True)
             ports = [p for p in ports if p["port"] != mgmt]
         else:
-            ports, mgmt = discover_linux(run, module.params)
+            ports, mgmt = discover_linux(module, run, module.params)
     except (linux_net.NetError, macos.MacError, ValueError) as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, ports=ports, platform=system, management_interface=mgmt)

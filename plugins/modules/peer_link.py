@@ -93,7 +93,15 @@ import platform
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
-from ansible_collections.meshkit.cluster.plugins.module_utils.common import apply, connection_addresses, runner
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
+    MANAGEMENT_ARGS,
+    PERSIST_ARGS,
+    apply,
+    find_management_interface,
+    persist_manager,
+    runner,
+    write_files,
+)
 
 
 def linux_routes(run) -> dict[str, list[dict]]:
@@ -113,14 +121,8 @@ def main() -> None:
             "pool": {"type": "str", "required": True},
             "peer_ports": {"type": "list", "elements": "str", "default": []},
             "mtu": {"type": "int"},
-            "management_address": {"type": "str"},
-            "management_interface": {"type": "str"},
-            "persist": {
-                "type": "str",
-                "default": "auto",
-                "choices": ["auto", "networkd", "networkmanager", "runtime"],
-            },
-            "networkd_dir": {"type": "path", "default": "/etc/systemd/network"},
+            **MANAGEMENT_ARGS,
+            **PERSIST_ARGS,
         },
         supports_check_mode=True,
     )
@@ -131,26 +133,18 @@ def main() -> None:
     persistence = "network services set with networksetup persist across reboots"
     try:
         if platform.system() == "Darwin":
-            mgmt = p["management_interface"] or macos.management_interface(
-                run, connection_addresses(p["management_address"], controller=True)
-            )
+            mgmt = find_management_interface(module, run, darwin=True)
             if any(port["port"] == mgmt for port in p["ports"]):
                 module.fail_json(msg=f"the plan puts a cable address on the management interface {mgmt}; refusing")
             commands = macos.plan_peer_links(run, p["ports"], p["mtu"])
         else:
             all_links = linux_net.links(run)
             addrs = linux_net.addresses(run)
-            mgmt = linux_net.management_interface(
-                addrs, connection_addresses(p["management_address"]), p["management_interface"]
-            )
+            mgmt = find_management_interface(module, run, darwin=False, addrs=addrs)
             commands, notes = linux_net.plan_peer_links(
                 all_links, addrs, p["ports"], p["pool"], p["peer_ports"], p["mtu"], mgmt, linux_routes(run)
             )
-            manager = p["persist"]
-            if manager == "auto":
-                manager = linux_persist.detect(run, lambda b: module.get_bin_path(b) is not None)
-            elif manager == "runtime":
-                manager = None
+            manager = persist_manager(module, run)
             persistence = linux_persist.describe(manager)
             if manager == "networkd":
                 for port in p["ports"]:
@@ -176,9 +170,7 @@ def main() -> None:
         after += "".join(f"+++ {c['path']}\n{c['after']}" for c in file_changes)
         result["diff"] = {"before": before, "after": after}
     apply(module, run, commands)
-    if file_changes and not module.check_mode:
-        files.apply()
-        apply(module, run, [["networkctl", "reload"]])
+    write_files(module, run, files, file_changes)
     module.exit_json(**result)
 
 
