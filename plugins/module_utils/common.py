@@ -62,7 +62,6 @@ PERSIST_ARGS: dict[str, dict[str, Any]] = {
 
 def find_management_interface(module: Any, run, darwin: bool, addrs: list[dict[str, Any]] | None = None) -> str | None:
     """The interface carrying the connection this play runs over (the override wins)."""
-    from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
 
     p = module.params
     if p.get("management_interface"):
@@ -75,7 +74,6 @@ def find_management_interface(module: Any, run, darwin: bool, addrs: list[dict[s
 
 def persist_manager(module: Any, run) -> str | None:
     """networkd, networkmanager or None (runtime only), from the persist option."""
-    from ansible_collections.meshkit.cluster.plugins.module_utils import linux_persist
 
     choice = module.params["persist"]
     if choice == "auto":
