@@ -12,6 +12,8 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import json
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -158,3 +160,41 @@ def plan_peer_links(
                 commands.append(["ip", "addr", "del", f"{a['local']}/{a['prefixlen']}", "dev", name])
                 notes.append(f"{name}: removed {a['local']}/{a['prefixlen']} (no cable planned on this port)")
     return commands, notes
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def thunderbolt_peer(sys_root: str, port: str) -> dict[str, Any] | None:
+    """What sysfs says about the Thunderbolt host at the other end of a thunderbolt-net port.
+
+    The netdev's parent is the peer's network service device (``<domain>-<route>.<n>``),
+    whose parent is the peer (XDomain) device and whose grandparent is this host's router
+    (``<domain>-0``). None when the port is not thunderbolt-net (veth, Ethernet).
+    """
+    service = os.path.realpath(os.path.join(sys_root, "class", "net", port, "device"))
+    peer = os.path.dirname(service)
+    router = os.path.dirname(peer)
+    if not re.fullmatch(r"[0-9]+-[0-9a-f]+\.[0-9]+", os.path.basename(service)):
+        return None
+    speed, lanes = _read(os.path.join(peer, "rx_speed")), _read(os.path.join(peer, "rx_lanes"))
+    total = None
+    match = re.match(r"([0-9.]+)\s*Gb/s", speed or "")
+    if match and lanes and lanes.isdigit():
+        total = f"{float(match.group(1)) * int(lanes):g} Gb/s"
+    return {
+        "service": os.path.basename(service),
+        "peer_device": os.path.basename(peer),
+        "peer_uuid": _read(os.path.join(peer, "unique_id")),
+        "peer_name": _read(os.path.join(peer, "device_name")),
+        "peer_vendor": _read(os.path.join(peer, "vendor_name")),
+        "local_uuid": _read(os.path.join(router, "unique_id")),
+        "lane_speed": speed,
+        "lanes": int(lanes) if lanes and lanes.isdigit() else None,
+        "speed": total,
+    }

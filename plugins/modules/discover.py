@@ -14,6 +14,8 @@ description:
     bridge). Each port that is up and not enslaved to a bridge is probed at the link layer (an IPv6
     all-nodes ping bound to the port, all ports at once); the neighbour MACs it learns identify the port
     at the other end, matched later against the MACs gathered from every host.
+  - On thunderbolt-net ports, Thunderbolt sysfs (C(/sys/class/net/<port>/device) up to the peer's XDomain
+    device) adds the peer host's UUID and name and the link speed (lane speed times lanes).
   - Ports still enslaved to a bridge are reported with C(in_bridge) and not probed (a probe through a bridge
     can answer from any host behind it).
   - macOS - C(system_profiler SPThunderboltDataType -json) and C(networksetup -listallhardwareports) -
@@ -126,6 +128,9 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
                 speed = f"{value} Mb/s" if value > 0 else None
         except (OSError, ValueError):
             pass
+        thunderbolt = linux_net.thunderbolt_peer("/sys", name)
+        if thunderbolt and thunderbolt["speed"]:
+            speed = thunderbolt["speed"]
         ports.append(
             {
                 "port": name,
@@ -136,6 +141,7 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
                 "speed": speed,
                 "mtu": link.get("mtu"),
                 "rdma": None,
+                "thunderbolt": thunderbolt,
             }
         )
     return ports, mgmt
