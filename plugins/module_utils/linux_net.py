@@ -24,10 +24,16 @@ class NetError(RuntimeError):
     pass
 
 
-def _json(run: Run, argv: list[str]) -> Any:
+def checked(run: Run, argv: list[str], error: type[Exception] = NetError) -> str:
+    """A read-only command's output; ``error`` naming the command when it fails."""
     rc, out, err = run(argv)
     if rc != 0:
-        raise NetError(f"{' '.join(argv)} failed (rc={rc}): {err.strip()}")
+        raise error(f"{' '.join(argv)} failed (rc={rc}): {err.strip()}")
+    return out
+
+
+def _json(run: Run, argv: list[str]) -> Any:
+    out = checked(run, argv)
     return json.loads(out) if out.strip() else []
 
 
@@ -37,6 +43,18 @@ def links(run: Run) -> list[dict[str, Any]]:
 
 def addresses(run: Run) -> list[dict[str, Any]]:
     return _json(run, ["ip", "-j", "addr", "show"])
+
+
+def routes_by_device(run: Run) -> dict[str, list[dict[str, Any]]]:
+    """IPv4 routes of the main table, grouped by device."""
+    routes: dict[str, list[dict[str, Any]]] = {}
+    for r in _json(run, ["ip", "-j", "-4", "route", "show", "table", "main"]):
+        routes.setdefault(r.get("dev", ""), []).append(r)
+    return routes
+
+
+def neighbours(run: Run) -> list[dict[str, Any]]:
+    return _json(run, ["ip", "-j", "-6", "neigh", "show"])
 
 
 def matches(name: str, patterns: list[str]) -> bool:

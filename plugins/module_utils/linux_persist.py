@@ -134,6 +134,11 @@ def nm_settings(run: Run, name: str, keys: list[str]) -> dict[str, str]:
     return dict(zip(keys, values + [""] * (len(keys) - len(values)), strict=False))
 
 
+def nm_add(port: str, *settings: str) -> list[str]:
+    """The command creating a port's meshkit-<port> Ethernet profile with the given settings."""
+    return ["nmcli", "connection", "add", "type", "ethernet", "con-name", f"meshkit-{port}", "ifname", port, *settings]
+
+
 def nm_bridge_commands(run: Run, ports: list[str], bridge: str) -> list[list[str]]:
     """Bridge-slave profiles of the ports stop autoconnecting; each port gets a meshkit profile."""
     profiles = nm_profiles(run)
@@ -147,23 +152,7 @@ def nm_bridge_commands(run: Run, ports: list[str], bridge: str) -> list[list[str
         name = f"meshkit-{port}"
         if name not in profiles:
             commands.append(
-                [
-                    "nmcli",
-                    "connection",
-                    "add",
-                    "type",
-                    "ethernet",
-                    "con-name",
-                    name,
-                    "ifname",
-                    port,
-                    "ipv4.method",
-                    "disabled",
-                    "ipv6.method",
-                    "link-local",
-                    "connection.autoconnect",
-                    "yes",
-                ]
+                nm_add(port, "ipv4.method", "disabled", "ipv6.method", "link-local", "connection.autoconnect", "yes")
             )
     return commands
 
@@ -182,21 +171,7 @@ def nm_address_commands(run: Run, ports: list[dict[str, Any]], mtu: int | None) 
             want["802-3-ethernet.mtu"] = str(mtu)
         have = nm_settings(run, name, keys)
         if not have:
-            commands.append(
-                [
-                    "nmcli",
-                    "connection",
-                    "add",
-                    "type",
-                    "ethernet",
-                    "con-name",
-                    name,
-                    "ifname",
-                    p["port"],
-                    "ipv6.method",
-                    "link-local",
-                ]
-            )
+            commands.append(nm_add(p["port"], "ipv6.method", "link-local"))
         diff = [arg for key, value in want.items() if have.get(key, "").split(" ")[0] != value for arg in (key, value)]
         if diff:
             commands.append(["nmcli", "connection", "modify", name, *diff])

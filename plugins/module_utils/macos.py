@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.linux_net import Run
+from ansible_collections.meshkit.cluster.plugins.module_utils.linux_net import Run, checked
 
 SYSTEM_PROFILER = ["system_profiler", "SPThunderboltDataType", "-json"]
 HARDWARE_PORTS = ["networksetup", "-listallhardwareports"]
@@ -27,10 +27,7 @@ class MacError(RuntimeError):
 
 
 def _out(run: Run, argv: list[str]) -> str:
-    rc, out, err = run(argv)
-    if rc != 0:
-        raise MacError(f"{' '.join(argv)} failed (rc={rc}): {err.strip()}")
-    return out
+    return checked(run, argv, MacError)
 
 
 def parse_hardware_ports(text: str) -> dict[str, str]:

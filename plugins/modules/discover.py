@@ -72,7 +72,6 @@ management_interface:
   type: str
 """
 
-import json
 import platform
 import subprocess
 
@@ -106,10 +105,7 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
     probe = [p for p in candidates if not p.get("master") and "UP" in p.get("flags", [])]
     if probe:
         probe_linux(probe, params["probe_seconds"])
-    rc, out, err = run(["ip", "-j", "-6", "neigh", "show"])
-    if rc != 0:
-        raise linux_net.NetError(f"ip -6 neigh failed: {err}")
-    neigh = json.loads(out) if out.strip() else []
+    neigh = linux_net.neighbours(run)
     own_macs = {link.get("address", "").lower() for link in all_links}
     ports = []
     for link in candidates:

@@ -88,7 +88,6 @@ notes:
   elements: str
 """
 
-import json
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
@@ -102,16 +101,6 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
     runner,
     write_files,
 )
-
-
-def linux_routes(run) -> dict[str, list[dict]]:
-    rc, out, err = run(["ip", "-j", "-4", "route", "show", "table", "main"])
-    if rc != 0:
-        raise linux_net.NetError(f"ip route failed: {err}")
-    routes: dict[str, list[dict]] = {}
-    for r in json.loads(out) if out.strip() else []:
-        routes.setdefault(r.get("dev", ""), []).append(r)
-    return routes
 
 
 def main() -> None:
@@ -142,7 +131,14 @@ def main() -> None:
             addrs = linux_net.addresses(run)
             mgmt = find_management_interface(module, run, darwin=False, addrs=addrs)
             commands, notes = linux_net.plan_peer_links(
-                all_links, addrs, p["ports"], p["pool"], p["peer_ports"], p["mtu"], mgmt, linux_routes(run)
+                all_links,
+                addrs,
+                p["ports"],
+                p["pool"],
+                p["peer_ports"],
+                p["mtu"],
+                mgmt,
+                linux_net.routes_by_device(run),
             )
             manager = persist_manager(module, run)
             persistence = linux_persist.describe(manager)
