@@ -23,10 +23,20 @@ DEFAULTS: dict[str, Any] = {
     "meshkit_management_interface": None,
     "meshkit_state_dir": "/var/lib/meshkit",
     "meshkit_ping_count": 3,
+    "meshkit_ranks_per_host": 1,
+    "meshkit_master_port": 29500,
+    "meshkit_meshccl_port": 29600,
 }
 
 # Set once for the whole cluster: every host must agree.
-CLUSTER_WIDE = ("meshkit_cluster_name", "meshkit_backend", "meshkit_address_pool")
+CLUSTER_WIDE = (
+    "meshkit_cluster_name",
+    "meshkit_backend",
+    "meshkit_address_pool",
+    "meshkit_ranks_per_host",
+    "meshkit_master_port",
+    "meshkit_meshccl_port",
+)
 
 SCHEMA: dict[str, dict[str, Any]] = {
     "meshkit_cluster_name": {"type": "string", "regex": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"},
@@ -39,6 +49,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "meshkit_management_interface": {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9_.@-]{1,15}$"},
     "meshkit_state_dir": {"type": "string", "regex": r"^/.*"},
     "meshkit_ping_count": {"type": "integer", "min": 1, "max": 20},
+    "meshkit_ranks_per_host": {"type": "integer", "min": 1, "max": 256},
+    "meshkit_master_port": {"type": "integer", "min": 1024, "max": 65535},
+    "meshkit_meshccl_port": {"type": "integer", "min": 1024, "max": 65279},
     "meshkit_artifacts_dir": {"type": "string"},
     "meshkit_hosts": {"type": "string"},
     # Written by playbooks/lab.yml into lab inventories.
@@ -59,6 +72,9 @@ HINTS = {
     "meshkit_management_interface": "name the interface that carries SSH, or leave it unset to detect it",
     "meshkit_state_dir": "give an absolute path",
     "meshkit_ping_count": "use 1 to 20",
+    "meshkit_ranks_per_host": "use a whole number from 1 (ranks started on each host)",
+    "meshkit_master_port": "use a free TCP port from 1024 to 65535 (torchrun rendezvous)",
+    "meshkit_meshccl_port": "use a free TCP port from 1024; local rank k listens on this plus k",
 }
 
 
@@ -75,7 +91,7 @@ class _Validator(Validator):
 
 def _coerce(doc: dict[str, Any]) -> dict[str, Any]:
     out = dict(doc)
-    for key in ("meshkit_mtu", "meshkit_ping_count"):
+    for key in ("meshkit_mtu", "meshkit_ping_count", "meshkit_ranks_per_host", "meshkit_master_port", "meshkit_meshccl_port"):
         value = out.get(key)
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             out[key] = int(value)

@@ -20,6 +20,8 @@ from typing import Any
 import networkx as nx
 
 BACKENDS = ("", "ring", "jaccl", "jaccl-ring")
+RDMA_BACKENDS = ("jaccl", "jaccl-ring")
+RDMA_RUNBOOKS = "docs/runbooks/rdma-macos.md (macOS) or docs/runbooks/roce-nccl.md (Linux)"
 DEFAULT_POOL = "198.18.128.0/17"
 # Above this many hosts the exhaustive search for a ring through every host
 # gives up (a mesh never needs it; sparse real clusters are far smaller).
@@ -140,13 +142,16 @@ def _graph(hosts: list[str], cables: list[Cable]) -> nx.MultiGraph:
 def longest_ring(hosts: list[str], cables: list[Cable]) -> list[str]:
     """Host order of the longest simple cycle, starting at the first host; [] if none.
 
-    Two hosts joined by two cables form a ring of two (it has two disjoint paths).
+    Two hosts joined by a cable form a ring of two: each rank's right and left neighbour is
+    the other, and a cable carries both directions (as MLX's ring does on two Macs).
     """
     ordered = sorted(hosts, key=natural_key)
     cables = sorted(cables, key=lambda c: (end_key(c.a), end_key(c.b)))
     g = nx.Graph(_graph(ordered, cables))
     n = len(hosts)
     pair_count = Counter(frozenset(c.hosts) for c in cables)
+    if n == 2 and g.has_edge(*ordered):
+        return ordered
     if n >= 3 and all(g.has_edge(a, b) for i, a in enumerate(ordered) for b in ordered[i + 1 :]):
         return ordered  # a full mesh: any order is a ring, keep the natural one
     best: list[str] = []
@@ -187,8 +192,7 @@ def ring_cables(ring: list[str], cables: list[Cable]) -> list[list[Cable]]:
         between = [c for c in cables if set(c.hosts) == {a, b}]
         per_hop.append(between)
     if len(ring) == 2:
-        count = len(per_hop[0]) // 2  # each ring of two hosts needs two cables
-        return [per_hop[0][2 * k : 2 * k + 2] for k in range(count)]
+        return [[c] for c in per_hop[0]]  # each cable between two hosts is a ring of its own
     count = min(len(h) for h in per_hop)
     return [[h[k] for h in per_hop] for k in range(count)]
 
@@ -300,7 +304,19 @@ class Plan:
             "asymmetric": self.asymmetric,
             "unknown_peers": self.unknown,
             "per_host": {h: self.host_ports(h) for h in self.hosts},
+            "rdma_ports": {h: self.rdma_ports(h) for h in self.hosts},
         }
+
+    def rdma_ports(self, host: str) -> list[str]:
+        """This host's ports the chosen backend runs RDMA over (every cable for jaccl, the first
+        ring's cables for jaccl-ring, none otherwise)."""
+        if self.backend == "jaccl":
+            used = self.cables
+        elif self.backend == "jaccl-ring":
+            used = self.rings[0] if self.rings else []
+        else:
+            used = []
+        return sorted({e.port for c in used for e in (c.a, c.b) if e.host == host}, key=natural_key)
 
 
 def allocate(
@@ -343,27 +359,34 @@ def choose_backend(
     mesh: bool,
     missing_mesh: list[tuple[str, str]],
     cables: list[Cable],
-    rdma: bool,
+    rdma: bool | dict[str, list[str]],
 ) -> tuple[str, str]:
-    """The backend to use and why; TopologyError naming what is missing when the request cannot hold."""
+    """The backend to use and why; TopologyError naming what is missing when the request cannot hold.
+
+    ``rdma`` is either a bool (every cable can carry RDMA, or none) or, from the RDMA facts, the
+    cable ends that cannot, for the cables of the mesh (``"mesh"``) and of the ring (``"ring"``).
+    """
     full_ring = len(ring) == len(hosts) and len(hosts) >= 2
+    if isinstance(rdma, bool):
+        rdma = {} if rdma else {"mesh": ["no RDMA facts"], "ring": ["no RDMA facts"]}
+    rdma_mesh = not rdma.get("mesh")
+    rdma_ring = not rdma.get("ring")
 
     def need_ring() -> None:
         if not full_ring:
-            missing = missing_for_ring(hosts, cables)
-            if len(hosts) == 2:
-                # Two hosts make a ring only with two cables between them.
-                missing = [tuple(sorted(hosts, key=natural_key))] * max(1, 2 - len(cables))
+            missing = list(dict.fromkeys(missing_for_ring(hosts, cables)))
             names = ", ".join(f"{a} <-> {b}" for a, b in missing)
             raise TopologyError(
                 f"backend {requested} needs a ring through all {len(hosts)} hosts; missing cable(s): {names}"
             )
 
-    def need_rdma() -> None:
-        if not rdma:
+    def need_rdma(which: str) -> None:
+        lacking = rdma.get(which)
+        if lacking:
+            shown = "; ".join(lacking[:8]) + (f"; and {len(lacking) - 8} more" if len(lacking) > 8 else "")
             raise TopologyError(
-                f"backend {requested} needs RDMA on every cable, and it is not available; "
-                "see docs/runbooks (enabling RDMA) or ask for backend ring"
+                f"backend {requested} needs RDMA on every cable it uses; no RDMA on: {shown}. "
+                f"Fix: see {RDMA_RUNBOOKS}, or ask for backend ring"
             )
 
     if requested == "ring":
@@ -373,19 +396,19 @@ def choose_backend(
         if not mesh:
             names = ", ".join(f"{a} <-> {b}" for a, b in missing_mesh)
             raise TopologyError(f"backend jaccl needs a full mesh; missing cable(s): {names}")
-        need_rdma()
+        need_rdma("mesh")
         return "jaccl", "RDMA full mesh"
     if requested == "jaccl-ring":
         need_ring()
-        need_rdma()
+        need_rdma("ring")
         return "jaccl-ring", f"RDMA ring through {len(ring)} hosts"
     # Nothing asked: the best the cabling allows, never an error.
-    if rdma and mesh:
+    if rdma_mesh and mesh:
         return "jaccl", "RDMA full mesh"
-    if rdma and full_ring:
+    if rdma_ring and full_ring:
         return "jaccl-ring", "RDMA ring"
     if full_ring:
-        return "ring", f"ring through {len(ring)} hosts" + ("" if rdma else " (no RDMA)")
+        return "ring", f"ring through {len(ring)} hosts" + ("" if rdma_ring else " (no RDMA)")
     return "", "no ring through every host: addresses only"
 
 
@@ -394,9 +417,12 @@ def build_plan(
     observations: list[Observation],
     pool: str = DEFAULT_POOL,
     backend: str = "",
-    rdma: bool = False,
+    rdma: bool | dict[str, dict[str, Any]] = False,
     previous: dict[str, Any] | None = None,
 ) -> Plan:
+    """The plan. ``rdma`` is a bool, or per host the ``ports`` of its RDMA facts (rdma.host_facts):
+    a cable end can carry RDMA when its port has a device whose port is ACTIVE (the IPv4 GID comes
+    once the address is set, and is checked after)."""
     hosts = sorted(hosts, key=natural_key)
     cables, asymmetric, unknown = cables_from_observations(observations)
     pairs = {frozenset(c.hosts) for c in cables}
@@ -404,7 +430,28 @@ def build_plan(
     mesh = len(hosts) >= 2 and not missing_mesh
     ring = longest_ring(hosts, cables)
     rings = ring_cables(ring, cables) if ring else []
-    chosen, reason = choose_backend(backend, hosts, ring, mesh, missing_mesh, cables, rdma)
+    rdma_devices = {PortEnd(o.host, o.port): o.rdma for o in observations}
+    if isinstance(rdma, dict):
+        lacking: dict[PortEnd, str] = {}
+        for o in observations:
+            end = PortEnd(o.host, o.port)
+            facts = (rdma.get(o.host) or {}).get(o.port) or {}
+            capable = bool(facts.get("device")) and facts.get("state") == "ACTIVE"
+            rdma_devices[end] = facts.get("device") if capable else None
+            if not capable:
+                lacking[end] = facts.get("problem") or "no RDMA facts"
+
+        def ends_lacking(cs: list[Cable]) -> list[str]:
+            ends = sorted({e for c in cs for e in (c.a, c.b) if e in lacking or e not in rdma_devices}, key=end_key)
+            return [f"{e} ({lacking.get(e, 'not discovered')})" for e in ends]
+
+        rdma_need: bool | dict[str, list[str]] = {
+            "mesh": ends_lacking(cables) if cables else ["no cables"],
+            "ring": ends_lacking(rings[0]) if rings else ["no ring"],
+        }
+    else:
+        rdma_need = rdma
+    chosen, reason = choose_backend(backend, hosts, ring, mesh, missing_mesh, cables, rdma_need)
     prev_subnets = {}
     if previous:
         for c in previous.get("cables", []):
@@ -414,7 +461,6 @@ def build_plan(
             ]
     subnets = allocate(cables, pool, prev_subnets)
     speeds = {PortEnd(o.host, o.port): o.speed for o in observations}
-    rdma_devices = {PortEnd(o.host, o.port): o.rdma for o in observations}
     return Plan(
         hosts,
         cables,

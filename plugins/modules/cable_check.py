@@ -31,6 +31,10 @@ options:
     description: Pings per cable; one reply is enough.
     type: int
     default: 3
+  fail:
+    description: Fail on a dead cable. Off, dead cables are only reported (RV(dead)), e.g. to draw them first.
+    type: bool
+    default: true
   host:
     description: This host's inventory name, used in messages.
     type: str
@@ -55,6 +59,11 @@ dead:
   returned: always
   type: list
   elements: str
+dead_ends:
+  description: This host's ends (C(host:port)) of the cables that did not answer.
+  returned: always
+  type: list
+  elements: str
 """
 
 import platform
@@ -74,6 +83,7 @@ def main() -> None:
         argument_spec={
             "ports": {"type": "list", "elements": "dict", "required": True},
             "count": {"type": "int", "default": 3},
+            "fail": {"type": "bool", "default": True},
             "host": {"type": "str", "default": "this host"},
         },
         supports_check_mode=True,
@@ -84,7 +94,7 @@ def main() -> None:
     for port in p["ports"]:
         argv = ping_argv(system, port["port"], port["peer_address"], p["count"])
         procs.append((port, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-    cables, dead = [], []
+    cables, dead, dead_ends = [], [], []
     for port, proc in procs:
         _out, _ = proc.communicate(timeout=30)
         alive = proc.returncode == 0
@@ -97,13 +107,14 @@ def main() -> None:
             }
         )
         if not alive:
+            dead_ends.append(f"{p['host']}:{port['port']}")
             dead.append(
                 f"{p['host']}:{port['port']} -> {port['peer_host']}:{port['peer_port']} "
                 f"({port['peer_address']}): no reply"
             )
-    if dead and not module.check_mode:
-        module.fail_json(msg="dead cable(s): " + "; ".join(dead), cables=cables, dead=dead)
-    module.exit_json(changed=False, cables=cables, dead=dead)
+    if dead and p["fail"] and not module.check_mode:
+        module.fail_json(msg="dead cable(s): " + "; ".join(dead), cables=cables, dead=dead, dead_ends=dead_ends)
+    module.exit_json(changed=False, cables=cables, dead=dead, dead_ends=dead_ends)
 
 
 if __name__ == "__main__":

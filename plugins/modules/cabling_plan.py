@@ -40,9 +40,15 @@ options:
     default: ""
     choices: ["", ring, jaccl, jaccl-ring]
   rdma:
-    description: Whether every host has working RDMA (from the RDMA checks).
-    type: bool
+    description:
+      - Per host, the C(ports) of its RDMA facts (M(meshkit.cluster.rdma_facts)) - a cable end can carry RDMA
+        when its port has a device whose port is ACTIVE. A bool says the same for every cable at once.
+    type: raw
     default: false
+  save:
+    description: Write the plan to O(record). A discovery-only run reads the record but leaves it as it is.
+    type: bool
+    default: true
   record:
     description: Path of the plan record on the controller.
     type: path
@@ -94,7 +100,8 @@ def main() -> None:
             "discovery": {"type": "dict", "required": True},
             "pool": {"type": "str", "default": "198.18.128.0/17"},
             "backend": {"type": "str", "default": "", "choices": ["", "ring", "jaccl", "jaccl-ring"]},
-            "rdma": {"type": "bool", "default": False},
+            "rdma": {"type": "raw", "default": False},
+            "save": {"type": "bool", "default": True},
             "record": {"type": "path", "required": True},
         },
         supports_check_mode=True,
@@ -123,18 +130,19 @@ def main() -> None:
                 previous = json.load(handle)
         except (OSError, ValueError):
             previous = None
+    rdma = p["rdma"] if isinstance(p["rdma"], dict) else module.boolean(p["rdma"])
     try:
         # With ports still in a bridge (check mode on a fresh cluster) the cabling is not
         # known yet: plan what can be seen and do not judge the backend on it.
         backend = "" if unprobed else p["backend"]
-        plan = build_plan(list(p["discovery"]), observations, p["pool"], backend, p["rdma"], previous)
+        plan = build_plan(list(p["discovery"]), observations, p["pool"], backend, rdma, previous)
     except TopologyError as exc:
         module.fail_json(msg=str(exc), unprobed=unprobed)
     data = plan.as_dict()
     changes = cabling_changes(previous, plan)
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     old_text = json.dumps(previous, indent=2, sort_keys=True) + "\n" if previous else ""
-    changed = text != old_text and not unprobed
+    changed = text != old_text and not unprobed and p["save"]
     result = {"changed": changed, "plan": data, "changes": changes, "unprobed": unprobed}
     if changed:
         result["diff"] = {"before": old_text, "after": text, "before_header": p["record"], "after_header": p["record"]}

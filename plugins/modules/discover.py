@@ -137,6 +137,7 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
                 "speed": speed,
                 "mtu": link.get("mtu"),
                 "rdma": None,
+                "generation": macos.thunderbolt_generation(thunderbolt["speed"]) if thunderbolt else None,
                 "thunderbolt": thunderbolt,
             }
         )

@@ -217,15 +217,21 @@ def test_doubled_ring_gives_two_parallel_rings():
     assert {c.a.port[0] for c in rings[0]} != {c.a.port[0] for c in rings[1]}
 
 
-def test_two_hosts_with_two_cables_are_a_ring_of_two():
+def test_two_hosts_with_two_cables_are_two_parallel_rings_of_two():
     cables = [cable("node1", "tb0", "node2", "tb0"), cable("node1", "tb1", "node2", "tb1")]
     host_ring = longest_ring(names(2), cables)
     assert host_ring == ["node1", "node2"]
-    assert ring_cables(host_ring, cables) == [cables]
+    assert ring_cables(host_ring, cables) == [[cables[0]], [cables[1]]]
 
 
-def test_two_hosts_with_one_cable_are_no_ring():
-    assert longest_ring(names(2), [cable("node1", "tb0", "node2", "tb0")]) == []
+def test_two_hosts_with_one_cable_are_a_ring_of_two():
+    one = [cable("node1", "tb0", "node2", "tb0")]
+    assert longest_ring(names(2), one) == ["node1", "node2"]
+    assert ring_cables(["node1", "node2"], one) == [one]
+
+
+def test_two_hosts_without_a_cable_are_no_ring():
+    assert longest_ring(names(2), []) == []
 
 
 def test_single_ring_when_one_hop_is_doubled():
@@ -282,9 +288,16 @@ def test_ring_requested_on_a_line_names_the_missing_cable():
         backend_for("ring", names(3), line(3), False)
 
 
-def test_ring_requested_on_two_hosts_with_one_cable_names_the_second_cable():
-    with pytest.raises(TopologyError, match=r"node1 <-> node2"):
-        backend_for("ring", names(2), [cable("node1", "a", "node2", "a")], False)
+def test_ring_requested_on_two_hosts_with_one_cable_is_a_ring():
+    assert backend_for("ring", names(2), [cable("node1", "a", "node2", "a")], False) == (
+        "ring",
+        "ring through 2 hosts",
+    )
+
+
+def test_ring_requested_on_two_uncabled_hosts_names_the_cable():
+    with pytest.raises(TopologyError, match=r"missing cable\(s\): node1 <-> node2$"):
+        backend_for("ring", names(2), [], False)
 
 
 def test_ring_requested_on_a_ring_is_ring():

@@ -1,0 +1,348 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""RDMA facts: what a host's RDMA devices are, whether each cabled port can carry RDMA, and the
+NCCL environment that follows.
+
+Linux reads sysfs (``<root>/class/infiniband/<dev>/ports/<p>/...``); macOS reads ``rdma_ctl
+status``, ``ibv_devices`` and ``ibv_devinfo -v``. The sysfs root and the command paths are
+parameters, so recorded trees and outputs (tests/fixtures/rdma, tests/fixtures/macos) test the
+same code that runs on a host. Plain Python, no AnsibleModule.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RUNBOOK_MACOS = "docs/runbooks/rdma-macos.md"
+RUNBOOK_TB = "docs/runbooks/tb4-vs-tb5.md"
+RUNBOOK_ROCE = "docs/runbooks/roce-nccl.md"
+# Never NCCL's socket interface: loopback and container bridges.
+NOT_FABRIC = re.compile(r"^(lo|docker\d*|virbr\d*|veth[0-9a-f]+|br-[0-9a-f]+|cni\d*|flannel.*)$")
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+@dataclass
+class Gid:
+    index: int
+    gid: str
+    type: str | None = None  # "RoCE v2", "IB/RoCE v1"; None where the kernel gives no type (InfiniBand)
+    ndev: str | None = None
+
+    @property
+    def ipv4(self) -> str | None:
+        """a.b.c.d when the GID is an IPv4-mapped address (::ffff:a.b.c.d)."""
+        try:
+            mapped = ipaddress.IPv6Address(self.gid).ipv4_mapped
+        except ValueError:
+            return None
+        return str(mapped) if mapped else None
+
+
+@dataclass
+class RdmaPort:
+    device: str
+    port: int
+    state: str  # ACTIVE, DOWN, INIT, ARMED, ... (the name without the number)
+    link_layer: str  # Ethernet, InfiniBand, Thunderbolt
+    netdev: str | None = None
+    phys_state: str | None = None
+    rate: str | None = None
+    gids: list[Gid] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+    @property
+    def roce(self) -> bool:
+        return self.link_layer.lower() == "ethernet"
+
+    def ipv4_gid(self) -> Gid | None:
+        """The GID an IPv4 RDMA connection uses: RoCE v2 with an IPv4-mapped value on RoCE; any
+        IPv4-mapped GID elsewhere (Thunderbolt RDMA publishes one once its interface has IPv4)."""
+        mapped = [g for g in self.gids if g.ipv4]
+        if self.roce:
+            v2 = [g for g in mapped if (g.type or "").lower().replace(" ", "") == "rocev2"]
+            return v2[0] if v2 else None
+        return mapped[0] if mapped else None
+
+    def problem(self) -> str | None:
+        """Why this port cannot carry RDMA now; None when it can."""
+        if not self.active:
+            return f"{self.device} port {self.port} is {self.state}" + (
+                f" ({self.phys_state})" if self.phys_state else ""
+            )
+        if self.link_layer.lower() == "infiniband":
+            return None
+        if self.ipv4_gid() is None:
+            kind = "RoCE v2 " if self.roce else ""
+            return f"{self.device} port {self.port} has no {kind}IPv4 GID yet (its interface needs an IPv4 address)"
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        gid = self.ipv4_gid()
+        data = asdict(self)
+        data["gids"] = [asdict(g) | {"ipv4": g.ipv4} for g in self.gids]
+        data["gid_index"] = gid.index if gid else None
+        data["gid_ipv4"] = gid.ipv4 if gid else None
+        data["usable"] = self.problem() is None
+        data["problem"] = self.problem()
+        return data
+
+
+# ---------------------------------------------------------------- Linux: sysfs
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:  # absent, or EINVAL (types/ndevs of an unused GID slot)
+        return None
+
+
+def _state_name(text: str | None) -> str:
+    """'4: ACTIVE' -> 'ACTIVE'; 'PORT_ACTIVE (4)' -> 'ACTIVE'."""
+    if not text:
+        return "UNKNOWN"
+    text = text.strip()
+    if ":" in text:
+        text = text.split(":", 1)[1].strip()
+    text = re.sub(r"\s*\(\d+\)$", "", text)
+    return text.removeprefix("PORT_").upper()
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def read_sysfs(root: str = "/sys") -> list[RdmaPort]:
+    """Every port of every device under <root>/class/infiniband; [] when there is none."""
+    base = os.path.join(root, "class", "infiniband")
+    if not os.path.isdir(base):
+        return []
+    ports = []
+    for dev in sorted(os.listdir(base), key=_natural):
+        dev_dir = os.path.join(base, dev)
+        net_dir = os.path.join(dev_dir, "device", "net")
+        netdevs = sorted(os.listdir(net_dir), key=_natural) if os.path.isdir(net_dir) else []
+        ports_dir = os.path.join(dev_dir, "ports")
+        if not os.path.isdir(ports_dir):
+            continue
+        numbers = sorted((int(p) for p in os.listdir(ports_dir) if p.isdigit()))
+        for number in numbers:
+            pdir = os.path.join(ports_dir, str(number))
+            gids = []
+            gid_dir = os.path.join(pdir, "gids")
+            for name in sorted(os.listdir(gid_dir), key=int) if os.path.isdir(gid_dir) else []:
+                value = _read(os.path.join(gid_dir, name))
+                if not value or value == ZERO_GID:
+                    continue
+                gids.append(
+                    Gid(
+                        int(name),
+                        value,
+                        _read(os.path.join(pdir, "gid_attrs", "types", name)),
+                        _read(os.path.join(pdir, "gid_attrs", "ndevs", name)),
+                    )
+                )
+            # The port's netdev: the one its GIDs are bound to; else the device's only netdev,
+            # or the one in port order for a multi-port device.
+            gid_ndevs = [g.ndev for g in gids if g.ndev]
+            if gid_ndevs:
+                netdev: str | None = gid_ndevs[0]
+            elif len(netdevs) == 1:
+                netdev = netdevs[0]
+            elif number - 1 < len(netdevs):
+                netdev = netdevs[number - 1]
+            else:
+                netdev = None
+            ports.append(
+                RdmaPort(
+                    device=dev,
+                    port=number,
+                    state=_state_name(_read(os.path.join(pdir, "state"))),
+                    link_layer=_read(os.path.join(pdir, "link_layer")) or "InfiniBand",
+                    netdev=netdev,
+                    phys_state=_state_name(phys) if (phys := _read(os.path.join(pdir, "phys_state"))) else None,
+                    rate=_read(os.path.join(pdir, "rate")),
+                    gids=gids,
+                )
+            )
+    return ports
+
+
+# ---------------------------------------------------------------- macOS: rdma_ctl, ibv_*
+
+
+def parse_rdma_ctl(text: str) -> bool | None:
+    """`rdma_ctl status` -> True (enabled), False (disabled), None (unrecognised)."""
+    words = set(re.findall(r"[a-z]+", text.lower()))
+    if "disabled" in words or "disable" in words:
+        return False
+    if "enabled" in words:
+        return True
+    return None
+
+
+def parse_ibv_devices(text: str) -> list[str]:
+    """`ibv_devices` -> device names (the header and its dashes skipped)."""
+    names = []
+    for line in text.splitlines():
+        cols = line.split()
+        if not cols or cols[0] in ("device", "------") or set(cols[0]) == {"-"}:
+            continue
+        names.append(cols[0])
+    return names
+
+
+GID_LINE = re.compile(r"^GID\[\s*(\d+)\]:\s*(\S+?)(?:,\s*(.+))?$")
+
+
+def parse_ibv_devinfo(text: str) -> list[RdmaPort]:
+    """`ibv_devinfo [-v]` -> ports with state, link layer, speed and (with -v) the GID table."""
+    ports: list[RdmaPort] = []
+    device = None
+    current: RdmaPort | None = None
+    width = speed = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("hca_id:"):
+            device = line.split(":", 1)[1].strip()
+            current = None
+            continue
+        if line.startswith("port:") and device:
+            current = RdmaPort(device=device, port=int(line.split(":", 1)[1]), state="UNKNOWN", link_layer="")
+            width = speed = None
+            ports.append(current)
+            continue
+        if current is None:
+            continue
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if key == "state":
+            current.state = _state_name(value)
+        elif key == "phys_state":
+            current.phys_state = _state_name(value)
+        elif key == "link_layer":
+            current.link_layer = value
+        elif key == "active_width":
+            width = re.sub(r"\s*\(\d+\)$", "", value)
+        elif key == "active_speed":
+            speed = re.sub(r"\s*\(\d+\)$", "", value)
+        match = GID_LINE.match(line)
+        if match:
+            gid_text = match.group(2)
+            try:
+                gid_text = ipaddress.IPv6Address(gid_text).exploded
+            except ValueError:
+                pass
+            if gid_text != ZERO_GID:
+                current.gids.append(Gid(int(match.group(1)), gid_text, match.group(3)))
+        if speed:
+            current.rate = f"{speed} ({width})" if width else speed
+    for port in ports:
+        if port.device.startswith("rdma_"):
+            port.netdev = port.device.removeprefix("rdma_")
+        if not port.link_layer:
+            port.link_layer = "Unknown"
+    return ports
+
+
+# ---------------------------------------------------------------- facts
+
+
+def host_facts(
+    system: str,
+    ports: list[RdmaPort],
+    fabric: list[str],
+    enabled: bool | None = None,
+    devices: list[str] | None = None,
+    tool_missing: str | None = None,
+    generations: dict[str, str | None] | None = None,
+) -> dict[str, Any]:
+    """One host's RDMA facts for the cabled ports ``fabric`` (the plan's ports of this host).
+
+    ``status`` is one of: ``none`` (no RDMA on this host), ``disabled`` (macOS: RDMA not
+    enabled), ``not_capable`` (enabled, but no device: Thunderbolt 4 or older), ``enabled``
+    (devices present; per port ``usable`` tells which can carry RDMA now).
+    """
+    generations = generations or {}
+    by_netdev = {p.netdev: p for p in ports if p.netdev}
+    status, message, runbook = "enabled", "", None
+    if system == "Darwin":
+        if tool_missing:
+            status, runbook = "none", RUNBOOK_MACOS
+            message = f"{tool_missing} not found: Thunderbolt RDMA needs macOS 26.2 or later"
+        elif enabled is False:
+            status, runbook = "disabled", RUNBOOK_MACOS
+            message = "RDMA is not enabled (rdma_ctl status: disabled); it can only be enabled from macOS Recovery"
+        elif not (devices or ports):
+            status, runbook = "not_capable", RUNBOOK_TB
+            message = (
+                "RDMA is enabled but there is no RDMA device: Thunderbolt RDMA needs Thunderbolt 5 "
+                "ports on both Macs (Thunderbolt 4 and older have none)"
+            )
+    elif not ports:
+        status, runbook = "none", RUNBOOK_ROCE
+        message = "no RDMA devices (/sys/class/infiniband is empty or absent)"
+    port_facts = {}
+    problems = []
+    for name in fabric:
+        rport = by_netdev.get(name)
+        if rport is None:
+            why = message or f"no RDMA device on {name}"
+            if status == "enabled" and generations.get(name) in ("tb4", "tb3-or-older"):
+                why = f"{name} is linked at Thunderbolt 4 speed: no RDMA over it (Thunderbolt 5 needed)"
+            port_facts[name] = {"netdev": name, "usable": False, "problem": why, "device": None}
+        else:
+            port_facts[name] = rport.as_dict()
+        if not port_facts[name]["usable"]:
+            problems.append(f"{name}: {port_facts[name]['problem']}")
+    if status == "enabled" and not message:
+        usable = sum(1 for p in port_facts.values() if p["usable"])
+        message = f"{len(ports)} RDMA port(s); {usable} of {len(fabric)} cabled port(s) usable"
+    if status == "enabled" and problems and runbook is None:
+        runbook = RUNBOOK_MACOS if system == "Darwin" else RUNBOOK_ROCE
+    return {
+        "system": system,
+        "status": status,
+        "message": message,
+        "runbook": runbook,
+        "devices": [p.as_dict() for p in ports],
+        "ports": port_facts,
+        "usable": bool(fabric) and not problems,
+        "problems": problems,
+        "nccl_env": nccl_env(ports, fabric) if system != "Darwin" else {},
+    }
+
+
+def nccl_env(ports: list[RdmaPort], fabric: list[str]) -> dict[str, str]:
+    """NCCL's variables from the RDMA facts: ACTIVE HCAs, the RoCE v2 IPv4 GID index, and the
+    fabric interface named exactly (never lo or docker0)."""
+    env: dict[str, str] = {}
+    active = [p for p in ports if p.active]
+    if active:
+        env["NCCL_IB_HCA"] = "=" + ",".join(f"{p.device}:{p.port}" for p in active)
+        roce = [p for p in active if p.roce]
+        indices = {g.index for g in (p.ipv4_gid() for p in roce) if g is not None}
+        if len(indices) == 1:
+            env["NCCL_IB_GID_INDEX"] = str(indices.pop())
+        elif len(indices) > 1:
+            # Devices disagree on the index: let NCCL (2.21+) pick the RoCE v2 IPv4 GID per device.
+            env["NCCL_IB_ROCE_VERSION_NUM"] = "2"
+            env["NCCL_IB_ADDR_FAMILY"] = "AF_INET"
+    else:
+        env["NCCL_IB_DISABLE"] = "1"
+    # The cabled ports when the plan has them; else the netdevs of the ACTIVE RDMA ports.
+    ifaces = list(fabric) or [p.netdev for p in active if p.netdev]
+    ifaces = [i for i in dict.fromkeys(ifaces) if i and not NOT_FABRIC.match(i)]
+    if ifaces:
+        env["NCCL_SOCKET_IFNAME"] = "=" + ",".join(ifaces)
+    return env

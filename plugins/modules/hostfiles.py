@@ -1,0 +1,216 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: write every hostfile format from the one topology model."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: hostfiles
+short_description: Write the MLX, MPI, torchrun/NCCL and meshccl hostfiles from the cabling plan
+description:
+  - Renders every format from the plan of M(meshkit.cluster.cabling_plan) - the MLX hostfile (object form,
+    C(ring), C(jaccl) or C(jaccl-ring)), the MLX runtime ring file (C(MLX_HOSTFILE)), an MPI hostfile, a
+    torchrun/NCCL env file per host and meshccl's own versioned JSON - and a C(manifest.json) holding the
+    fingerprint of the cabling and a SHA-256 per file.
+  - Without O(host) it writes the controller's set (every host's env file) into O(dest); with O(host), the
+    set that host keeps (its own C(torch.env)).
+  - Idempotent - a file is rewritten only when its content changes. A set made from an older cabling, or
+    edited by hand, is reported as stale (RV(stale)) and rewritten; with O(state=verify) nothing is written
+    and a stale or missing set fails.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+options:
+  plan:
+    description: The plan (RV(meshkit.cluster.cabling_plan#module:plan)).
+    type: dict
+    required: true
+  dest:
+    description: Directory the files go into.
+    type: path
+    required: true
+  host:
+    description: Write the set of this inventory host only (its own C(torch.env)); empty writes the controller's set.
+    type: str
+  ssh:
+    description: Per host, the name or address other tools reach it by (the inventory's C(ansible_host)).
+    type: dict
+    default: {}
+  nccl:
+    description: Per host, the NCCL variables of its RDMA facts (C(meshkit_rdma.nccl_env)).
+    type: dict
+    default: {}
+  cluster:
+    description: Cluster name recorded in the files.
+    type: str
+    required: true
+  ranks_per_host:
+    description: Ranks per host (MPI slots, torchrun processes per node, meshccl ranks).
+    type: int
+    default: 1
+  master_port:
+    description: torchrun rendezvous port.
+    type: int
+    default: 29500
+  meshccl_port:
+    description: First meshccl listen port; local rank k listens on this plus k.
+    type: int
+    default: 29600
+  mlx_starting_port:
+    description: First port of the MLX runtime ring file (as C(mlx.launch --starting-port)).
+    type: int
+    default: 32323
+  envs:
+    description: C(K=V) strings for the MLX hostfile's C(envs).
+    type: list
+    elements: str
+    default: []
+  state:
+    description: C(present) writes; C(verify) only checks that the set in O(dest) is current and unedited.
+    type: str
+    default: present
+    choices: [present, verify]
+"""
+
+EXAMPLES = r"""
+- name: Write the hostfiles on the controller
+  meshkit.cluster.hostfiles:
+    plan: "{{ meshkit_planned.plan }}"
+    dest: artifacts/lab-lab/hostfiles
+    cluster: lab-lab
+  run_once: true
+  delegate_to: localhost
+
+- name: Fail when a host's hostfiles were made from another cabling
+  meshkit.cluster.hostfiles:
+    plan: "{{ meshkit_planned.plan }}"
+    dest: /var/lib/meshkit/hostfiles
+    host: "{{ inventory_hostname }}"
+    cluster: lab-lab
+    state: verify
+"""
+
+RETURN = r"""
+fingerprint:
+  description: Fingerprint of the cabling the files are made from.
+  returned: always
+  type: str
+files:
+  description: Per file - name, path, changed.
+  returned: always
+  type: list
+  elements: dict
+skipped:
+  description: Formats not written and why (e.g. MLX without a ring through every host).
+  returned: always
+  type: dict
+stale:
+  description: Why the set found in O(dest) was out of date (older cabling, edited by hand); empty if it was current.
+  returned: always
+  type: str
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "plan": {"type": "dict", "required": True},
+            "dest": {"type": "path", "required": True},
+            "host": {"type": "str"},
+            "ssh": {"type": "dict", "default": {}},
+            "nccl": {"type": "dict", "default": {}},
+            "cluster": {"type": "str", "required": True},
+            "ranks_per_host": {"type": "int", "default": 1},
+            "master_port": {"type": "int", "default": 29500},
+            "meshccl_port": {"type": "int", "default": 29600},
+            "mlx_starting_port": {"type": "int", "default": 32323},
+            "envs": {"type": "list", "elements": "str", "default": []},
+            "state": {"type": "str", "default": "present", "choices": ["present", "verify"]},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["ranks_per_host"] < 1:
+        module.fail_json(msg=f"ranks_per_host must be 1 or more, not {p['ranks_per_host']}")
+    if p["host"] and p["host"] not in p["plan"].get("hosts", []):
+        module.fail_json(msg=f"host {p['host']} is not in the plan (hosts: {', '.join(p['plan'].get('hosts', []))})")
+    files, skipped = hostfiles.render(
+        p["plan"],
+        {k: str(v) for k, v in p["ssh"].items()},
+        p["nccl"],
+        p["cluster"],
+        p["ranks_per_host"],
+        p["master_port"],
+        p["meshccl_port"],
+        p["mlx_starting_port"],
+        p["envs"],
+        p["host"],
+    )
+    fp = hostfiles.fingerprint(p["plan"])
+    dest = p["dest"]
+    on_disk = {name: read(os.path.join(dest, name)) for name in files}
+    existing = {name: text for name, text in on_disk.items() if text is not None}
+    stale = hostfiles.staleness(on_disk.get("manifest.json"), existing, fp) or ""
+    out = []
+    diffs = []
+    for name, text in files.items():
+        path = os.path.join(dest, name)
+        changed = on_disk[name] != text
+        out.append({"name": name, "path": path, "changed": changed})
+        if changed:
+            diffs.append({"before": on_disk[name] or "", "after": text, "before_header": path, "after_header": path})
+    # Files an older set had and this one has not (e.g. MLX files once the ring is gone).
+    try:
+        listed = json.loads(on_disk.get("manifest.json") or "{}").get("files") or {}
+    except ValueError:
+        listed = {}
+    leftovers = sorted(n for n in listed if n not in files and os.path.exists(os.path.join(dest, n)))
+    for name in leftovers:
+        out.append({"name": name, "path": os.path.join(dest, name), "changed": True, "removed": True})
+    changed_names = [f["name"] for f in out if f["changed"]]
+    result = {"fingerprint": fp, "files": out, "skipped": skipped, "stale": stale, "dest": dest}
+    if p["state"] == "verify":
+        if stale or changed_names:
+            why = stale or ("missing or different: " + ", ".join(changed_names))
+            module.fail_json(
+                msg=f"hostfiles in {dest} are not current: {why}. Run setup.yml to rewrite them", changed=False, **result
+            )
+        module.exit_json(changed=False, **result)
+    if changed_names and not module.check_mode:
+        # manifest.json last: a set interrupted half-way reads as stale, never as current.
+        for name in leftovers:
+            os.remove(os.path.join(dest, name))
+        for name in sorted(set(changed_names) - set(leftovers), key=lambda n: n == "manifest.json"):
+            path = os.path.join(dest, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = path + ".tmp"
+            with open(tmp, "w") as handle:
+                handle.write(files[name])
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+    module.exit_json(changed=bool(changed_names), diff=diffs, **result)
+
+
+if __name__ == "__main__":
+    main()
