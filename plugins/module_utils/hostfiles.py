@@ -30,9 +30,7 @@ MANIFEST_FORMAT = "meshkit-hostfiles"
 
 def fingerprint(plan: dict[str, Any]) -> str:
     """SHA-256 of the cabling: hosts, and every cable's two ends with its network."""
-    cables = sorted(
-        [f"{e['host']}:{e['port']}" for e in c["ends"]] + [c["network"]] for c in plan.get("cables", [])
-    )
+    cables = sorted([f"{e['host']}:{e['port']}" for e in c["ends"]] + [c["network"]] for c in plan.get("cables", []))
     text = json.dumps({"hosts": sorted(plan.get("hosts", [])), "cables": cables}, sort_keys=True)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
@@ -67,7 +65,7 @@ def mlx_hostfile(plan: dict[str, Any], ssh: dict[str, str], envs: list[str] | No
     hosts = []
     for i, host in enumerate(order):
         entry: dict[str, Any] = {"ssh": ssh.get(host, host)}
-        if backend == "jaccl" or backend == "jaccl-ring":
+        if backend in ("jaccl", "jaccl-ring"):
             # Rank 0's first ip is the coordinator every rank reaches: the management address.
             entry["ips"] = [ssh.get(host, host)] if i == 0 else []
             row: list[Any] = []
@@ -202,7 +200,9 @@ def meshccl_hostfile(
         "ranks_per_host": ranks_per_host,
         "ring": order if has_full_ring(plan) else [],
         "mesh": bool(plan.get("mesh")),
-        "hosts": {h: {"management": ssh.get(h, h), "ranks": [r["rank"] for r in out_ranks if r["host"] == h]} for h in order},
+        "hosts": {
+            h: {"management": ssh.get(h, h), "ranks": [r["rank"] for r in out_ranks if r["host"] == h]} for h in order
+        },
         "ranks": out_ranks,
     }
 

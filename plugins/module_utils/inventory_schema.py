@@ -91,7 +91,13 @@ class _Validator(Validator):
 
 def _coerce(doc: dict[str, Any]) -> dict[str, Any]:
     out = dict(doc)
-    for key in ("meshkit_mtu", "meshkit_ping_count", "meshkit_ranks_per_host", "meshkit_master_port", "meshkit_meshccl_port"):
+    for key in (
+        "meshkit_mtu",
+        "meshkit_ping_count",
+        "meshkit_ranks_per_host",
+        "meshkit_master_port",
+        "meshkit_meshccl_port",
+    ):
         value = out.get(key)
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             out[key] = int(value)

@@ -53,7 +53,8 @@ def dot(
     legend = "colour = ring k   grey dashed = no cable (mesh incomplete)   red = dead / gone since last plan"
     lines = [
         "graph cabling {",
-        "  " + _attrs(
+        "  "
+        + _attrs(
             layout="circo" if len(plan["hosts"]) > 2 else "dot",
             rankdir="LR",
             label="\n".join([*summary, legend]),

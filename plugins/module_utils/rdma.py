@@ -113,11 +113,18 @@ def _state_name(text: str | None) -> str:
     if ":" in text:
         text = text.split(":", 1)[1].strip()
     text = re.sub(r"\s*\(\d+\)$", "", text)
-    return text.removeprefix("PORT_").upper()
+    return text.removeprefix("PORT_")
 
 
 def _natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def _guess_link_layer(gids: list[Gid]) -> str:
+    """Without a link_layer file: RoCE GIDs (typed RoCE v2, or bound to a netdev) mean Ethernet."""
+    if any((g.type or "").lower().replace(" ", "") == "rocev2" or g.ndev for g in gids):
+        return "Ethernet"
+    return "Unknown"
 
 
 def read_sysfs(root: str = "/sys") -> list[RdmaPort]:
@@ -133,7 +140,7 @@ def read_sysfs(root: str = "/sys") -> list[RdmaPort]:
         ports_dir = os.path.join(dev_dir, "ports")
         if not os.path.isdir(ports_dir):
             continue
-        numbers = sorted((int(p) for p in os.listdir(ports_dir) if p.isdigit()))
+        numbers = sorted(int(p) for p in os.listdir(ports_dir) if p.isdigit())
         for number in numbers:
             pdir = os.path.join(ports_dir, str(number))
             gids = []
@@ -166,7 +173,7 @@ def read_sysfs(root: str = "/sys") -> list[RdmaPort]:
                     device=dev,
                     port=number,
                     state=_state_name(_read(os.path.join(pdir, "state"))),
-                    link_layer=_read(os.path.join(pdir, "link_layer")) or "InfiniBand",
+                    link_layer=_read(os.path.join(pdir, "link_layer")) or _guess_link_layer(gids),
                     netdev=netdev,
                     phys_state=_state_name(phys) if (phys := _read(os.path.join(pdir, "phys_state"))) else None,
                     rate=_read(os.path.join(pdir, "rate")),
@@ -194,13 +201,27 @@ def parse_ibv_devices(text: str) -> list[str]:
     names = []
     for line in text.splitlines():
         cols = line.split()
-        if not cols or cols[0] in ("device", "------") or set(cols[0]) == {"-"}:
+        if not cols or cols[0] in ("device", "%", "$", "ibv_devices") or set(cols[0]) == {"-"}:
             continue
         names.append(cols[0])
     return names
 
 
-GID_LINE = re.compile(r"^GID\[\s*(\d+)\]:\s*(\S+?)(?:,\s*(.+))?$")
+# One token per field, found anywhere (not per line): published copies expand tabs, wrap long
+# lines after "GID[  0]:", or run several fields together on one line.
+DEVINFO_TOKEN = re.compile(
+    r"(?<![\w])(?:"
+    r"hca_id:\s*(?P<hca>\S+)"
+    r"|port:\s*(?P<port>\d+)"
+    r"|phys_state:\s*(?P<phys>[A-Za-z_]+)(?:\s*\(\d+\))?"
+    r"|state:\s*(?P<state>[A-Za-z_]+)(?:\s*\(\d+\))?"
+    r"|link_layer:\s*(?P<ll>\S+)"
+    r"|active_width:\s*(?P<width>\S+)"
+    r"|active_speed:\s*(?P<speed>[\d.]+\s*\S+)"
+    r"|GID\[\s*(?P<gidx>\d+)\]:\s*(?P<gid>[0-9A-Fa-f:.]+)(?:,[ \t]*(?P<gtype>[^\n]+?))?[ \t]*$"
+    r")",
+    re.M,
+)
 
 
 def parse_ibv_devinfo(text: str) -> list[RdmaPort]:
@@ -209,49 +230,46 @@ def parse_ibv_devinfo(text: str) -> list[RdmaPort]:
     device = None
     current: RdmaPort | None = None
     width = speed = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("hca_id:"):
-            device = line.split(":", 1)[1].strip()
-            current = None
-            continue
-        if line.startswith("port:") and device:
-            current = RdmaPort(device=device, port=int(line.split(":", 1)[1]), state="UNKNOWN", link_layer="")
+    for m in DEVINFO_TOKEN.finditer(text):
+        if m.group("hca"):
+            device, current = m.group("hca"), None
+        elif m.group("port") and device:
+            current = RdmaPort(device=device, port=int(m.group("port")), state="UNKNOWN", link_layer="")
             width = speed = None
             ports.append(current)
+        elif current is None and device and m.group("gidx") is not None:
+            # A copy that elided the "port:" line: GIDs belong to the first port.
+            current = RdmaPort(device=device, port=1, state="UNKNOWN", link_layer="")
+            ports.append(current)
+        if current is None or m.group("hca") or m.group("port"):
             continue
-        if current is None:
-            continue
-        key, _, value = line.partition(":")
-        value = value.strip()
-        if key == "state":
-            current.state = _state_name(value)
-        elif key == "phys_state":
-            current.phys_state = _state_name(value)
-        elif key == "link_layer":
-            current.link_layer = value
-        elif key == "active_width":
-            width = re.sub(r"\s*\(\d+\)$", "", value)
-        elif key == "active_speed":
-            speed = re.sub(r"\s*\(\d+\)$", "", value)
-        match = GID_LINE.match(line)
-        if match:
-            gid_text = match.group(2)
+        if m.group("phys"):
+            current.phys_state = _state_name(m.group("phys"))
+        elif m.group("state"):
+            current.state = _state_name(m.group("state"))
+        elif m.group("ll"):
+            current.link_layer = m.group("ll")
+        elif m.group("width"):
+            width = m.group("width")
+        elif m.group("speed"):
+            speed = m.group("speed")
+        elif m.group("gidx") is not None:
             try:
-                gid_text = ipaddress.IPv6Address(gid_text).exploded
+                value = ipaddress.IPv6Address(m.group("gid")).exploded
             except ValueError:
-                pass
-            if gid_text != ZERO_GID:
-                current.gids.append(Gid(int(match.group(1)), gid_text, match.group(3)))
-        if speed:
+                continue
+            if value != ZERO_GID:
+                kind = (m.group("gtype") or "").strip() or None
+                # rdma-core prints "RoCE v1" where the kernel's sysfs says "IB/RoCE v1".
+                kind = "IB/RoCE v1" if kind == "RoCE v1" else kind
+                current.gids.append(Gid(int(m.group("gidx")), value, kind))
+        if current is not None and speed:
             current.rate = f"{speed} ({width})" if width else speed
     for port in ports:
         if port.device.startswith("rdma_"):
             port.netdev = port.device.removeprefix("rdma_")
         if not port.link_layer:
-            port.link_layer = "Unknown"
+            port.link_layer = "Thunderbolt" if port.device.startswith("rdma_en") else _guess_link_layer(port.gids)
     return ports
 
 

@@ -124,7 +124,9 @@ def main() -> None:
     os.replace(dot_path + ".tmp", dot_path)
     dot_bin = module.get_bin_path("dot")
     if not dot_bin:
-        module.warn("GraphViz 'dot' not found: wrote the DOT file only (apt-get install graphviz / brew install graphviz)")
+        module.warn(
+            "GraphViz 'dot' not found: wrote the DOT file only (apt-get install graphviz / brew install graphviz)"
+        )
         module.exit_json(changed=True, files=[dot_path], dot=text)
     for fmt, out in zip(p["formats"], outputs, strict=True):
         rc, _, err = module.run_command([dot_bin, f"-T{fmt}", "-o", out + ".tmp", dot_path])

@@ -194,7 +194,9 @@ def main() -> None:
         if stale or changed_names:
             why = stale or ("missing or different: " + ", ".join(changed_names))
             module.fail_json(
-                msg=f"hostfiles in {dest} are not current: {why}. Run setup.yml to rewrite them", changed=False, **result
+                msg=f"hostfiles in {dest} are not current: {why}. Run setup.yml to rewrite them",
+                changed=False,
+                **result,
             )
         module.exit_json(changed=False, **result)
     if changed_names and not module.check_mode:

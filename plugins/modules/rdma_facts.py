@@ -34,7 +34,9 @@ options:
     elements: str
     default: []
   generations:
-    description: Thunderbolt generation per port (C(tb5), C(tb4), C(tb3-or-older)), from discovery, to explain a missing device.
+    description:
+      - Thunderbolt generation per port (C(tb5), C(tb4), C(tb3-or-older)), from discovery.
+      - Explains a missing device (no RDMA over Thunderbolt 4).
     type: dict
     default: {}
   require:
