@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, check=check, cwd=REPO)
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, check=check, cwd=REPO, stdin=subprocess.DEVNULL)
 
 
 def ip_json(*args: str) -> Any:
