@@ -8,6 +8,9 @@ BIN := $(CURDIR)/$(VENV)/bin
 # molecule and ansible-lint find ansible's tools through PATH.
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# Ansible's own state (tmp, installed collections) stays in the checkout: a copy of this collection
+# installed in ~/.ansible by some other run must never shadow the code being tested.
+export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
 
 .PHONY: all demo demo-down test lint unit integration deps venv clean
 
