@@ -86,7 +86,13 @@ def dot(
         if is_dead:
             attrs.update(color=DEAD, fontcolor=DEAD, style="bold", label=f"DEAD (no ping reply)\n{c['network']}")
         lines.append(f"  {_q(a['host'])} -- {_q(b['host'])} {_attrs(**attrs)}")
+    gone_pairs = set()
+    for cable in removed or []:
+        left, _, right = cable.partition(" <-> ")
+        gone_pairs.add(frozenset((left.rsplit(":", 1)[0], right.rsplit(":", 1)[0])))
     for pair in plan.get("missing_mesh") or []:
+        if frozenset(pair) in gone_pairs:
+            continue  # drawn below as the cable that was there
         lines.append(
             f"  {_q(pair[0])} -- {_q(pair[1])} "
             + _attrs(style="dashed", color=MISSING, fontcolor=MISSING, label="no cable", constraint="false")
