@@ -90,6 +90,10 @@ def test_ring4_hostfiles_everywhere_and_mlx_all_sum_over_them(make_lab, tmp_path
     second = setup(lab, tmp_path)
     assert second.rc == 0, second.output
     assert all(r["changed"] == 0 for r in second.recap.values()), second.output
+    # --check on the converged lab: nothing to change, hostfiles and picture included.
+    check = setup(lab, tmp_path, "--check", "--diff")
+    assert check.rc == 0, check.output
+    assert all(r["changed"] == 0 for r in check.recap.values()), check.output
 
     # The real mlx.launch, over plain ssh (the lab's ssh_config: its keys and known_hosts).
     shim = tmp_path / "bin"
