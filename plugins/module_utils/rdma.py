@@ -17,6 +17,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ansible_collections.meshkit.cluster.plugins.module_utils.naming import natural_key
+
 RUNBOOK_MACOS = "docs/runbooks/rdma-macos.md"
 RUNBOOK_TB = "docs/runbooks/tb4-vs-tb5.md"
 RUNBOOK_ROCE = "docs/runbooks/roce-nccl.md"
@@ -116,10 +118,6 @@ def _state_name(text: str | None) -> str:
     return text.removeprefix("PORT_")
 
 
-def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
 def _guess_link_layer(gids: list[Gid]) -> str:
     """Without a link_layer file: RoCE GIDs (typed RoCE v2, or bound to a netdev) mean Ethernet."""
     if any((g.type or "").lower().replace(" ", "") == "rocev2" or g.ndev for g in gids):
@@ -133,10 +131,10 @@ def read_sysfs(root: str = "/sys") -> list[RdmaPort]:
     if not os.path.isdir(base):
         return []
     ports = []
-    for dev in sorted(os.listdir(base), key=_natural):
+    for dev in sorted(os.listdir(base), key=natural_key):
         dev_dir = os.path.join(base, dev)
         net_dir = os.path.join(dev_dir, "device", "net")
-        netdevs = sorted(os.listdir(net_dir), key=_natural) if os.path.isdir(net_dir) else []
+        netdevs = sorted(os.listdir(net_dir), key=natural_key) if os.path.isdir(net_dir) else []
         ports_dir = os.path.join(dev_dir, "ports")
         if not os.path.isdir(ports_dir):
             continue

@@ -12,12 +12,12 @@ on macOS) and the identities it saw at the other end. Everything later
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
+from ansible_collections.meshkit.cluster.plugins.module_utils.naming import natural_key
 
 BACKENDS = ("", "ring", "jaccl", "jaccl-ring")
 RDMA_BACKENDS = ("jaccl", "jaccl-ring")
@@ -30,11 +30,6 @@ RING_SEARCH_BUDGET = 200_000
 
 class TopologyError(ValueError):
     """The cabling cannot give what was asked (e.g. a ring backend on a line)."""
-
-
-def natural_key(name: str) -> tuple[Any, ...]:
-    """Sort node2 before node10."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
 def end_key(end: PortEnd) -> tuple[Any, ...]:

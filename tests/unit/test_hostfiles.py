@@ -8,11 +8,11 @@ import json
 import shlex
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
 from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
 from ansible_collections.meshkit.cluster.plugins.modules import hostfiles as hostfiles_module
+
+from .module_harness import patch_exits, run_module
 
 SSH = {f"node{i}": f"10.9.0.{i}" for i in range(1, 6)}
 
@@ -189,27 +189,10 @@ def test_staleness_tells_older_cabling_from_hand_edits():
 # ---- the module --------------------------------------------------------------------------
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
 @pytest.fixture
 def module(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", lambda _m, **kw: (_ for _ in ()).throw(Exit(kw)))
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", lambda _m, **kw: (_ for _ in ()).throw(Fail(kw)))
-
-    def run(check: bool = False, **args):
-        if check:
-            args["_ansible_check_mode"] = True
-        with patch_module_args(args), pytest.raises((Exit, Fail)) as info:
-            hostfiles_module.main()
-        return info.type is Exit, info.value.args[0]
-
-    return run
+    patch_exits(monkeypatch)
+    return lambda check=False, **args: run_module(hostfiles_module, args, check)
 
 
 def test_module_writes_once_then_is_idempotent_then_detects_an_older_cabling(module, tmp_path):

@@ -13,6 +13,8 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.meshkit.cluster.plugins.modules import bridge_detach, peer_link
 
+from .module_harness import Exit, Fail, patch_exits
+
 LINUX = Path(__file__).resolve().parents[1] / "fixtures" / "linux"
 MGMT = "198.20.0.2"  # node1's management address on mgmt0 in the recording
 PORT = {
@@ -40,20 +42,11 @@ NETWORKD = {("systemctl", "is-active", "systemd-networkd"): (0, "active\n", "")}
 RUNTIME = {("systemctl", "is-active", "systemd-networkd"): (3, "inactive\n", "")}
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
 @pytest.fixture
 def linux(monkeypatch):
     monkeypatch.delenv("SSH_CONNECTION", raising=False)
     monkeypatch.setattr(platform, "system", lambda: "Linux")
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", lambda _m, **kw: (_ for _ in ()).throw(Exit(kw)))
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", lambda _m, **kw: (_ for _ in ()).throw(Fail(kw)))
+    patch_exits(monkeypatch)
     have = {"systemctl", "networkctl"}
     monkeypatch.setattr(
         basic.AnsibleModule, "get_bin_path", lambda _m, name, *a, **k: f"/usr/bin/{name}" if name in have else None

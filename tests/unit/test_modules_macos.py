@@ -17,6 +17,10 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.meshkit.cluster.plugins.modules import bridge_detach, discover, peer_link
 
+from .module_harness import Exit as ExitJson
+from .module_harness import Fail as FailJson
+from .module_harness import patch_exits
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 SYNTHETIC = FIXTURES / "synthetic"
 
@@ -59,14 +63,6 @@ ROUTES = {
 }
 
 
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
 class FakeMac:
     def __init__(self, answers: dict[tuple[str, ...], tuple[int, str, str]]):
         self.answers = {**ROUTES, **answers}
@@ -96,14 +92,7 @@ def mac(monkeypatch):
     monkeypatch.delenv("SSH_CONNECTION", raising=False)
     monkeypatch.setattr(platform, "system", lambda: "Darwin")
 
-    def exit_json(_module, **kwargs):
-        raise ExitJson(kwargs)
-
-    def fail_json(_module, **kwargs):
-        raise FailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    patch_exits(monkeypatch)
 
     def run(module, args: dict[str, Any], answers, *, check_mode=False, expect=ExitJson) -> tuple[dict, FakeMac]:
         fake = FakeMac(answers)

@@ -8,10 +8,10 @@ import stat
 from pathlib import Path
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.meshkit.cluster.plugins.module_utils import rdma
 from ansible_collections.meshkit.cluster.plugins.modules import rdma_facts
+
+from .module_harness import patch_exits, run_module
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 SYSFS = FIX / "rdma" / "sysfs"
@@ -250,25 +250,10 @@ def test_macos_without_rdma_ctl():
 # ---- the module on recorded trees and outputs ----------------------------------------------
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
 @pytest.fixture
 def module(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", lambda _m, **kw: (_ for _ in ()).throw(Exit(kw)))
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", lambda _m, **kw: (_ for _ in ()).throw(Fail(kw)))
-
-    def run(**args):
-        with patch_module_args(args), pytest.raises((Exit, Fail)) as info:
-            rdma_facts.main()
-        return info.type is Exit, info.value.args[0]
-
-    return run
+    patch_exits(monkeypatch)
+    return lambda **args: run_module(rdma_facts, args)
 
 
 def test_module_reads_a_recorded_tree_and_sets_the_fact(module, monkeypatch):
