@@ -1,0 +1,103 @@
+/* meshccl C ABI. Every call returns a meshccl_result; on failure the message is available
+ * from meshccl_comm_last_error (or, for meshccl_comm_create, written to the caller's buffer).
+ * A result other than MESHCCL_OK and MESHCCL_ERR_INVALID leaves the communicator poisoned:
+ * every later call fails the same way; destroy it. */
+#ifndef MESHCCL_MESHCCL_H_
+#define MESHCCL_MESHCCL_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MESHCCL_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define MESHCCL_API __attribute__((visibility("default")))
+#else
+#define MESHCCL_API
+#endif
+
+typedef enum {
+  MESHCCL_OK = 0,
+  MESHCCL_ERR_INVALID = 1,   /* bad argument; the communicator stays usable */
+  MESHCCL_ERR_IO = 2,        /* a peer died or a connection failed */
+  MESHCCL_ERR_TIMEOUT = 3,   /* an operation or the connect phase ran past its deadline */
+  MESHCCL_ERR_MISMATCH = 4,  /* ranks made different calls */
+  MESHCCL_ERR_AUTH = 5,      /* job token refused */
+  MESHCCL_ERR_BOOTSTRAP = 6, /* bad configuration (addresses, ports, links) */
+  MESHCCL_ERR_INTERNAL = 7
+} meshccl_result;
+
+typedef enum {
+  MESHCCL_FLOAT32 = 0,
+  MESHCCL_FLOAT64 = 1,
+  MESHCCL_FLOAT16 = 2,
+  MESHCCL_BFLOAT16 = 3,
+  MESHCCL_INT8 = 4,
+  MESHCCL_INT32 = 5,
+  MESHCCL_INT64 = 6,
+  MESHCCL_UINT8 = 7
+} meshccl_dtype;
+
+typedef enum { MESHCCL_SUM = 0, MESHCCL_PROD = 1, MESHCCL_MIN = 2, MESHCCL_MAX = 3 } meshccl_op;
+
+typedef struct {
+  const char* address; /* numeric IPv4 or IPv6 */
+  int port;
+} meshccl_endpoint;
+
+typedef struct {
+  int rank;
+  int num_links;                /* one per cable (or one for loopback / rendezvous) */
+  const meshccl_endpoint* links; /* where this rank reaches the peer */
+} meshccl_peer;
+
+typedef struct {
+  int rank;
+  int size;
+  const char* token; /* job token, checked on every connection; may be "" */
+  int num_listen;
+  const meshccl_endpoint* listen; /* the only addresses this rank listens on */
+  int num_peers;
+  const meshccl_peer* peers; /* the ranks this rank shares a link with */
+  int conns_per_link;
+  double timeout_s;
+  double connect_timeout_s;
+  int complete;   /* every pair of ranks linked (same on every rank) */
+  int ring;       /* rank r linked to r+1 mod size (same on every rank) */
+  int ring_conns; /* connections per ring neighbour pair, minimum over the ring */
+  size_t segment_bytes;
+  size_t small_bytes;
+  int pipeline_depth;
+  const char* algorithm; /* "auto", "ring" or "direct" */
+  int socket_buffer_bytes;
+  int log_level;
+} meshccl_config;
+
+typedef struct meshccl_comm meshccl_comm;
+
+/* Fills every field with its default (rank 0 of 1, no peers). */
+MESHCCL_API void meshccl_config_init(meshccl_config* config);
+MESHCCL_API int meshccl_comm_create(const meshccl_config* config, meshccl_comm** comm, char* error, size_t error_len);
+MESHCCL_API void meshccl_comm_destroy(meshccl_comm* comm);
+MESHCCL_API int meshccl_comm_rank(const meshccl_comm* comm);
+MESHCCL_API int meshccl_comm_size(const meshccl_comm* comm);
+MESHCCL_API const char* meshccl_comm_last_error(const meshccl_comm* comm);
+
+MESHCCL_API int meshccl_all_reduce(meshccl_comm* comm, const void* send, void* recv, size_t count, meshccl_dtype dtype,
+                       meshccl_op op);
+MESHCCL_API int meshccl_all_gather(meshccl_comm* comm, const void* send, void* recv, size_t count, meshccl_dtype dtype);
+MESHCCL_API int meshccl_reduce_scatter(meshccl_comm* comm, const void* send, void* recv, size_t count, meshccl_dtype dtype,
+                           meshccl_op op);
+MESHCCL_API int meshccl_broadcast(meshccl_comm* comm, void* buf, size_t count, meshccl_dtype dtype, int root);
+MESHCCL_API int meshccl_send(meshccl_comm* comm, const void* buf, size_t count, meshccl_dtype dtype, int dst);
+MESHCCL_API int meshccl_recv(meshccl_comm* comm, void* buf, size_t count, meshccl_dtype dtype, int src);
+MESHCCL_API int meshccl_barrier(meshccl_comm* comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MESHCCL_MESHCCL_H_ */

@@ -1,0 +1,579 @@
+#include "meshccl/context.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace meshccl {
+
+const char* collectiveName(Collective c) {
+  switch (c) {
+    case Collective::kNone: return "none";
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kSendRecv: return "send/recv";
+    case Collective::kBarrier: return "barrier";
+  }
+  return "unknown-collective";
+}
+
+std::string describe(const CallDesc& d) {
+  switch (d.kind) {
+    case Collective::kBarrier:
+      return "barrier()";
+    case Collective::kAllReduce:
+    case Collective::kReduceScatter:
+      return cat(collectiveName(d.kind), "(", dtypeName(d.dtype), ", ", redopName(d.op), ", count=", d.count, ")");
+    case Collective::kBroadcast:
+      return cat("broadcast(", dtypeName(d.dtype), ", count=", d.count, ", root=", d.root, ")");
+    case Collective::kSendRecv:
+      return cat("send/recv(", dtypeName(d.dtype), ", count=", d.count, ", from rank ", d.root, ")");
+    default:
+      return cat(collectiveName(d.kind), "(", dtypeName(d.dtype), ", count=", d.count, ")");
+  }
+}
+
+namespace {
+
+FrameHeader makeHeader(uint32_t type, uint32_t pairOp, const CallDesc& d, uint64_t len) {
+  FrameHeader h{};
+  h.magic = kFrameMagic | type;
+  h.pairOp = pairOp;
+  h.kind = static_cast<uint8_t>(d.kind);
+  h.dtype = static_cast<uint8_t>(d.dtype);
+  h.op = static_cast<uint8_t>(d.op);
+  h.root = d.root;
+  h.count = d.count;
+  h.len = len;
+  return h;
+}
+
+CallDesc descOf(const FrameHeader& h) {
+  CallDesc d;
+  d.kind = static_cast<Collective>(h.kind);
+  d.dtype = validDataType(h.dtype) ? static_cast<DataType>(h.dtype) : DataType::kFloat32;
+  d.op = validRedOp(h.op) ? static_cast<RedOp>(h.op) : RedOp::kSum;
+  d.root = h.root;
+  d.count = h.count;
+  return d;
+}
+
+// Blocking write of a whole buffer on a non-blocking socket, bounded by `deadline`; used only
+// to push an ABORT out while failing. Returns false on error or when the deadline passes.
+bool writeAllUntil(int fd, const char* data, size_t len, double deadline) {
+  while (len > 0) {
+    const ssize_t n = ::send(fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    const double left = deadline - monotonicSeconds();
+    if (left <= 0) return false;
+    pollfd p{fd, POLLOUT, 0};
+    ::poll(&p, 1, static_cast<int>(std::ceil(left * 1000)));
+  }
+  return true;
+}
+
+}  // namespace
+
+Context::Context(Config config) : config_(std::move(config)) {
+  MESHCCL_ENFORCE(config_.size >= 1, "world size must be >= 1, got ", config_.size);
+  MESHCCL_ENFORCE(config_.rank >= 0 && config_.rank < config_.size, "rank ", config_.rank,
+                  " is outside the world (size ", config_.size, ")");
+  MESHCCL_ENFORCE(config_.connsPerLink >= 1 && config_.connsPerLink <= 64, "connections per link must be 1..64, got ",
+                  config_.connsPerLink);
+  MESHCCL_ENFORCE(config_.timeoutSeconds > 0, "timeout must be > 0 s");
+  MESHCCL_ENFORCE(config_.connectTimeoutSeconds > 0, "connect timeout must be > 0 s");
+  MESHCCL_ENFORCE(config_.token.size() <= kMaxTokenBytes, "job token longer than ", kMaxTokenBytes, " bytes");
+  MESHCCL_ENFORCE(config_.segmentBytes >= 4096, "segment size must be >= 4096 bytes");
+  MESHCCL_ENFORCE(config_.pipelineDepth >= 1 && config_.pipelineDepth <= 64, "pipeline depth must be 1..64");
+  MESHCCL_ENFORCE(config_.algorithm == "auto" || config_.algorithm == "ring" || config_.algorithm == "direct",
+                  "algorithm must be auto, ring or direct, got '", config_.algorithm, "'");
+  pairs_.assign(static_cast<size_t>(config_.size), nullptr);
+  for (const auto& p : config_.peers) {
+    if (p.rank < 0 || p.rank >= config_.size || p.rank == config_.rank) {
+      raise(ErrorKind::kBootstrap, cat("rank ", config_.rank, ": peer rank ", p.rank, " is not another rank of a world of ",
+                                       config_.size));
+    }
+    if (pairs_[p.rank] != nullptr) {
+      raise(ErrorKind::kBootstrap, cat("rank ", config_.rank, ": peer rank ", p.rank, " is listed twice"));
+    }
+    if (p.links.empty()) raise(ErrorKind::kBootstrap, cat("rank ", config_.rank, ": peer rank ", p.rank, " has no link"));
+    auto pr = std::make_unique<Pair>();
+    pr->peer = p.rank;
+    pairs_[p.rank] = pr.get();
+    pairStorage_.push_back(std::move(pr));
+  }
+  if (config_.complete) {
+    for (int r = 0; r < config_.size; ++r) {
+      if (r != config_.rank && pairs_[r] == nullptr) {
+        raise(ErrorKind::kBootstrap,
+              cat("rank ", config_.rank, ": the graph is declared complete but rank ", r, " is not a peer"));
+      }
+    }
+  }
+  if (config_.ring && config_.size > 1) {
+    const int right = (config_.rank + 1) % config_.size;
+    const int left = (config_.rank + config_.size - 1) % config_.size;
+    if (pairs_[right] == nullptr || pairs_[left] == nullptr) {
+      raise(ErrorKind::kBootstrap, cat("rank ", config_.rank, ": a ring is declared but rank ",
+                                       pairs_[right] == nullptr ? right : left, " is not a peer"));
+    }
+  }
+  if (config_.size > 1 && config_.algorithm == "direct" && !config_.complete) {
+    raise(ErrorKind::kBootstrap, "algorithm 'direct' needs a link between every pair of ranks (a full mesh)");
+  }
+  if (config_.size > 1 && config_.algorithm == "ring" && !config_.ring) {
+    raise(ErrorKind::kBootstrap, "algorithm 'ring' needs links from every rank to the next (rank order)");
+  }
+  MESHCCL_ENFORCE(config_.ringConns >= 1, "ring connections must be >= 1");
+  if (config_.size > 1 && !config_.complete && !config_.ring) {
+    raise(ErrorKind::kBootstrap, cat("rank ", config_.rank,
+                                     ": the links form neither a ring through every rank (in rank order) nor a full "
+                                     "mesh; meshccl needs one of them (cable the hosts in a ring)"));
+  }
+  connectAll();
+}
+
+Context::~Context() {
+  if (poisoned_) drainAfterFailure();
+}
+
+// After a failure this rank has sent its ABORT and shut its side. Closing a socket with unread
+// bytes in it makes the kernel reset the connection, and a reset can overtake the ABORT on
+// its way to a peer that has not read it yet; so read and discard until every peer has closed
+// its side too (each fails and shuts down once it has our ABORT), for at most two seconds.
+void Context::drainAfterFailure() {
+  const double until = monotonicSeconds() + 2.0;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Connection*> owners;
+    for (auto* c : allConns_) {
+      if (!c->fd || c->eof) continue;
+      fds.push_back(pollfd{c->fd.get(), POLLIN, 0});
+      owners.push_back(c);
+    }
+    const double left = until - monotonicSeconds();
+    if (fds.empty() || left <= 0) return;
+    if (::poll(fds.data(), fds.size(), static_cast<int>(std::ceil(left * 1000))) <= 0) continue;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      char sink[65536];
+      const ssize_t n = ::recv(owners[i]->fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) owners[i]->eof = true;
+    }
+  }
+}
+
+int Context::connCount(int peer) const {
+  return connected(peer) ? static_cast<int>(pairs_[peer]->conns.size()) : 0;
+}
+
+void Context::setTimeout(double seconds) {
+  MESHCCL_ENFORCE(seconds > 0, "timeout must be > 0 s, got ", seconds);
+  config_.timeoutSeconds = seconds;
+}
+
+void Context::log(int level, const std::string& message) const {
+  if (level > config_.logLevel) return;
+  std::fprintf(stderr, "meshccl[rank %d]: %s\n", config_.rank, message.c_str());
+  std::fflush(stderr);
+}
+
+void Context::checkHealthy() const {
+  if (poisoned_) std::rethrow_exception(poisoned_);
+  if (closed_) raise(ErrorKind::kInvalidArgument, "the communicator is closed");
+}
+
+void Context::close() {
+  if (poisoned_) drainAfterFailure();
+  for (auto* c : allConns_) c->fd.reset();
+  listeners_.clear();
+  closed_ = true;
+}
+
+Pair& Context::pair(int peer) {
+  if (!connected(peer)) {
+    raise(ErrorKind::kInvalidArgument, cat("rank ", rank(), " has no link to rank ", peer));
+  }
+  return *pairs_[peer];
+}
+
+char* Context::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) {
+    scratch_.clear();
+    scratch_.shrink_to_fit();
+    scratch_.resize(bytes);
+  }
+  return scratch_.data();
+}
+
+void Context::beginOp(const CallDesc& desc) {
+  checkHealthy();
+  MESHCCL_ENFORCE(!inOp_, "rank ", rank(), ": a collective is already running on this communicator (use one "
+                          "communicator per thread)");
+  inOp_ = true;
+  desc_ = desc;
+  ++opCounter_;
+  deadline_ = monotonicSeconds() + config_.timeoutSeconds;
+  reqsUsed_ = 0;
+}
+
+void Context::endOp(bool failed) {
+  inOp_ = false;
+  if (failed && !poisoned_) {
+    const std::string msg = cat("rank ", rank(), ": ", describe(desc_), " was interrupted; the communicator is unusable");
+    poisoned_ = std::make_exception_ptr(Error(ErrorKind::kIo, msg));
+    sendAborts(ErrorKind::kIo, msg);
+  }
+}
+
+Req* Context::newReq() {
+  if (reqsUsed_ == reqs_.size()) reqs_.emplace_back();
+  Req* r = &reqs_[reqsUsed_++];
+  *r = Req{};
+  return r;
+}
+
+Req* Context::postSend(int peer, int conn, const void* data, size_t len, Req::Handler* handler, uint64_t tag) {
+  Pair& p = pair(peer);
+  if (p.lastOp != opCounter_) {
+    ++p.opIndex;
+    p.lastOp = opCounter_;
+  }
+  Connection& c = *p.conns[static_cast<size_t>(conn) % p.conns.size()];
+  Req* r = newReq();
+  r->data = const_cast<char*>(static_cast<const char*>(data));
+  r->len = len;
+  r->isSend = true;
+  r->handler = handler;
+  r->tag = tag;
+  r->peer = peer;
+  r->hdr = makeHeader(kFrameData, p.opIndex, desc_, len);
+  c.sendq.push_back(r);
+  return r;
+}
+
+Req* Context::postRecv(int peer, int conn, void* data, size_t len, Req::Handler* handler, uint64_t tag) {
+  Pair& p = pair(peer);
+  if (p.lastOp != opCounter_) {
+    ++p.opIndex;
+    p.lastOp = opCounter_;
+  }
+  Connection& c = *p.conns[static_cast<size_t>(conn) % p.conns.size()];
+  if (c.eof) {
+    fail(ErrorKind::kIo, cat("rank ", rank(), ": rank ", peer, " (", c.remote,
+                             ") closed its connection (it exited or was killed) before ", describe(desc_)));
+  }
+  Req* r = newReq();
+  r->data = static_cast<char*>(data);
+  r->len = len;
+  r->isSend = false;
+  r->handler = handler;
+  r->tag = tag;
+  r->peer = peer;
+  c.recvq.push_back(r);
+  return r;
+}
+
+void Context::wait(Req* req) {
+  while (!req->complete) progress();
+}
+
+void Context::waitAll() {
+  for (;;) {
+    bool pending = false;
+    for (auto* c : allConns_) pending = pending || !c->sendq.empty() || !c->recvq.empty();
+    if (!pending) return;
+    progress();
+  }
+}
+
+void Context::progress() {
+  if (ioPass()) return;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Connection*> owners;
+    fds.reserve(allConns_.size());
+    for (auto* c : allConns_) {
+      if (!c->fd) continue;
+      short events = 0;
+      if (!c->sendq.empty()) events |= POLLOUT;
+      if (!c->recvq.empty()) events |= POLLIN;
+      // Idle connections are watched too, so an ABORT or a dead peer is noticed while this
+      // rank waits on someone else.
+      if (events == 0 && !c->eof && c->peekIdleOp != opCounter_) events = POLLIN;
+      if (events == 0) continue;
+      fds.push_back(pollfd{c->fd.get(), events, 0});
+      owners.push_back(c);
+    }
+    const double left = deadline_ - monotonicSeconds();
+    if (left <= 0) timeoutFail();
+    const int ms = static_cast<int>(std::min(std::ceil(left * 1000), 1000.0 * 3600));
+    const int n = ::poll(fds.data(), fds.size(), ms);
+    if (n < 0 && errno != EINTR) fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
+    if (n <= 0) continue;  // deadline re-checked above
+    for (size_t i = 0; i < fds.size(); ++i) {
+      Connection& c = *owners[i];
+      if (fds[i].revents == 0) continue;
+      if (c.sendq.empty() && c.recvq.empty()) peek(c);
+    }
+    if (ioPass()) return;
+  }
+}
+
+bool Context::ioPass() {
+  bool moved = false;
+  for (auto* c : allConns_) {
+    if (!c->sendq.empty()) moved = doSend(*c) || moved;
+    if (!c->recvq.empty()) moved = doRecv(*c) || moved;
+  }
+  return moved;
+}
+
+bool Context::doSend(Connection& c) {
+  bool moved = false;
+  while (!c.sendq.empty()) {
+    Req& r = *c.sendq.front();
+    iovec iov[2];
+    int n = 0;
+    if (r.hdrDone < sizeof(FrameHeader)) {
+      iov[n++] = {reinterpret_cast<char*>(&r.hdr) + r.hdrDone, sizeof(FrameHeader) - r.hdrDone};
+    }
+    if (r.done < r.len) iov[n++] = {r.data + r.done, r.len - r.done};
+    if (n > 0) {
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      const ssize_t sent = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+        if (errno == EINTR) continue;
+        fail(ErrorKind::kIo, cat("rank ", rank(), ": sending to rank ", c.peer, " (", c.remote, ") failed: ",
+                                 std::strerror(errno), " (the peer exited or was killed) during ", describe(desc_)));
+      }
+      moved = true;
+      auto left = static_cast<size_t>(sent);
+      const size_t h = std::min(left, sizeof(FrameHeader) - r.hdrDone);
+      r.hdrDone += h;
+      left -= h;
+      r.done += left;
+    }
+    if (r.hdrDone == sizeof(FrameHeader) && r.done == r.len) {
+      c.sendq.pop_front();
+      r.complete = true;
+      moved = true;
+      if (r.handler != nullptr) r.handler->onComplete(r);
+    } else {
+      return moved;
+    }
+  }
+  return moved;
+}
+
+bool Context::doRecv(Connection& c) {
+  bool moved = false;
+  while (!c.recvq.empty()) {
+    Req& r = *c.recvq.front();
+    ssize_t got;
+    if (r.hdrDone < sizeof(FrameHeader)) {
+      iovec iov[2];
+      int n = 0;
+      iov[n++] = {reinterpret_cast<char*>(&r.hdr) + r.hdrDone, sizeof(FrameHeader) - r.hdrDone};
+      if (r.len > 0) iov[n++] = {r.data, r.len};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      got = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT);
+    } else {
+      got = ::recv(c.fd.get(), r.data + r.done, r.len - r.done, MSG_DONTWAIT);
+    }
+    if (got < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
+      if (errno == EINTR) continue;
+      fail(ErrorKind::kIo, cat("rank ", rank(), ": receiving from rank ", c.peer, " (", c.remote, ") failed: ",
+                               std::strerror(errno), " (the peer exited or was killed) during ", describe(desc_)));
+    }
+    if (got == 0) {
+      c.eof = true;
+      fail(ErrorKind::kIo, cat("rank ", rank(), ": rank ", c.peer, " (", c.remote,
+                               ") closed the connection (it exited or was killed) during ", describe(desc_)));
+    }
+    moved = true;
+    auto left = static_cast<size_t>(got);
+    if (r.hdrDone < sizeof(FrameHeader)) {
+      const size_t h = std::min(left, sizeof(FrameHeader) - r.hdrDone);
+      r.hdrDone += h;
+      left -= h;
+      r.done += left;
+      if (r.hdrDone == sizeof(FrameHeader)) checkHeader(c, r);
+    } else {
+      r.done += left;
+    }
+    if (r.hdrDone == sizeof(FrameHeader) && r.done == r.len) {
+      c.recvq.pop_front();
+      r.complete = true;
+      if (r.handler != nullptr) r.handler->onComplete(r);
+    } else {
+      return moved;
+    }
+  }
+  return moved;
+}
+
+void Context::checkHeader(Connection& c, Req& r) {
+  const FrameHeader& h = r.hdr;
+  if ((h.magic & 0xffff0000u) != kFrameMagic) {
+    fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error on the connection from rank ", c.peer, " (", c.remote,
+                             "): not a meshccl frame"));
+  }
+  if ((h.magic & 0xffffu) == kFrameAbort) {
+    receiveAbort(c, h, r.data, std::min(r.done, r.len));
+  }
+  const CallDesc theirs = descOf(h);
+  const Pair& p = *pairs_[c.peer];
+  if (theirs != desc_ || h.pairOp != p.opIndex) {
+    std::string what;
+    if (theirs != desc_) {
+      what = cat("rank ", c.peer, " called ", describe(theirs), " while rank ", rank(), " called ", describe(desc_));
+    } else {
+      what = cat("rank ", c.peer, " is at its operation #", h.pairOp, " with rank ", rank(), ", which is at #",
+                 p.opIndex, " (", describe(desc_), "): one of them made an extra or a missing call");
+    }
+    fail(ErrorKind::kMismatch, cat("mismatched collective calls: ", what,
+                                   ". Every rank must make the same calls in the same order."));
+  }
+  if (h.len != r.len) {
+    fail(ErrorKind::kMismatch, cat("mismatched collective calls: rank ", c.peer, " sent ", h.len, " bytes for ",
+                                   describe(desc_), " where rank ", rank(), " expected ", r.len,
+                                   " (different world size or algorithm settings across ranks?)"));
+  }
+}
+
+void Context::peek(Connection& c) {
+  FrameHeader h{};
+  const ssize_t got = ::recv(c.fd.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+  if (got == 0) {
+    c.eof = true;  // an error only if this rank still needs the peer
+    return;
+  }
+  if (got < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+    c.eof = true;
+    return;
+  }
+  if (static_cast<size_t>(got) < sizeof(h)) return;  // header not complete yet
+  if (h.magic == (kFrameMagic | kFrameAbort)) {
+    ::recv(c.fd.get(), &h, sizeof(h), MSG_DONTWAIT);
+    receiveAbort(c, h, nullptr, 0);
+  }
+  c.peekIdleOp = opCounter_;  // a frame of a later operation: read it then
+}
+
+void Context::receiveAbort(Connection& c, const FrameHeader& hdr, const char* prefix, size_t prefixLen) {
+  const size_t len = std::min<uint64_t>(hdr.len, 64 << 10);
+  std::string text(prefix != nullptr ? prefix : "", std::min(prefixLen, len));
+  const double until = monotonicSeconds() + 2.0;
+  while (text.size() < len && monotonicSeconds() < until) {
+    char buf[4096];
+    const ssize_t n = ::recv(c.fd.get(), buf, std::min(sizeof(buf), len - text.size()), MSG_DONTWAIT);
+    if (n > 0) {
+      text.append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      pollfd p{c.fd.get(), POLLIN, 0};
+      ::poll(&p, 1, 100);
+    } else {
+      break;
+    }
+  }
+  const auto kind = hdr.errKind >= 1 && hdr.errKind <= 6 ? static_cast<ErrorKind>(hdr.errKind) : ErrorKind::kIo;
+  fail(kind, text);
+}
+
+void Context::sendAborts(ErrorKind kind, const std::string& message) {
+  const double until = monotonicSeconds() + 1.0;
+  for (auto* pr : pairs_) {
+    if (pr == nullptr) continue;
+    // One connection per peer: prefer one with no frame half-sent; otherwise finish that frame
+    // first so the peer's framing stays intact.
+    Connection* pick = nullptr;
+    for (auto& c : pr->conns) {
+      if (!c->fd || c->eof) continue;
+      const bool clean = c->sendq.empty() || (c->sendq.front()->hdrDone == 0 && c->sendq.front()->done == 0);
+      if (clean) {
+        pick = c.get();
+        break;
+      }
+      if (pick == nullptr) pick = c.get();
+    }
+    if (pick == nullptr) continue;
+    if (!pick->sendq.empty()) {
+      Req& r = *pick->sendq.front();
+      if (r.hdrDone > 0 || r.done > 0) {
+        const bool ok =
+            writeAllUntil(pick->fd.get(), reinterpret_cast<char*>(&r.hdr) + r.hdrDone, sizeof(FrameHeader) - r.hdrDone,
+                          until) &&
+            writeAllUntil(pick->fd.get(), r.data + r.done, r.len - r.done, until);
+        if (!ok) continue;
+      }
+    }
+    FrameHeader h = makeHeader(kFrameAbort, pr->opIndex, desc_, message.size());
+    h.errKind = static_cast<uint8_t>(kind);
+    if (writeAllUntil(pick->fd.get(), reinterpret_cast<const char*>(&h), sizeof(h), until)) {
+      writeAllUntil(pick->fd.get(), message.data(), message.size(), until);
+    }
+  }
+  // The peers read the ABORT, then end-of-stream. The sockets stay open (closing with unread
+  // bytes would reset the connection and could discard the ABORT before the peer reads it).
+  for (auto* c : allConns_) {
+    if (c->fd) ::shutdown(c->fd.get(), SHUT_WR);
+    c->sendq.clear();
+    c->recvq.clear();
+  }
+}
+
+void Context::fail(ErrorKind kind, const std::string& message) {
+  if (!poisoned_) {
+    poisoned_ = std::make_exception_ptr(Error(kind, message));
+    log(1, message);
+    sendAborts(kind, message);
+  }
+  inOp_ = false;
+  std::rethrow_exception(poisoned_);
+}
+
+std::string Context::pendingSummary() const {
+  std::string out;
+  for (auto* c : allConns_) {
+    if (!c->recvq.empty()) {
+      out += cat(out.empty() ? "" : ", ", "data from rank ", c->peer, " (", c->remote, ")");
+    } else if (!c->sendq.empty()) {
+      out += cat(out.empty() ? "" : ", ", "rank ", c->peer, " (", c->remote, ") to accept data");
+    }
+  }
+  return out.empty() ? "nothing" : out;
+}
+
+void Context::timeoutFail() {
+  fail(ErrorKind::kTimeout, cat("rank ", rank(), ": ", describe(desc_), " timed out after ", config_.timeoutSeconds,
+                                " s waiting for ", pendingSummary(),
+                                " (a peer is stalled, stopped or much slower; raise the timeout with "
+                                "MESHCCL_TIMEOUT if the job is just slow)"));
+}
+
+}  // namespace meshccl

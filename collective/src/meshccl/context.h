@@ -1,0 +1,182 @@
+#pragma once
+
+// The communicator: one rank's connections to the ranks it shares a link with, and the progress
+// engine every algorithm drives. No global state: many contexts can coexist in one process.
+//
+// Engine model. An algorithm posts sends and receives (Req) on a connection; each connection
+// carries frames in FIFO order per direction, and both ends post in the same order because
+// they run the same deterministic schedule. progress() moves bytes on every connection with
+// work (non-blocking), blocks in poll() only when nothing can move, and calls the request's
+// handler the moment a request completes — before the next frame on that connection is read —
+// so an algorithm can reduce a segment before the bytes that follow it land. Every wait is
+// bounded by the operation's deadline.
+//
+// Every frame carries the call it belongs to (collective, dtype, op, count, root) and a
+// per-pair operation index: a receiver that sees another call raises a MismatchError. Any
+// failure — mismatch, timeout, a peer gone — poisons the context and is sent as an ABORT frame
+// to every connected peer, which forwards it: every rank raises the same named error instead
+// of waiting for bytes that will never come.
+
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshccl/error.h"
+#include "meshccl/frame.h"
+#include "meshccl/socket.h"
+#include "meshccl/types.h"
+
+namespace meshccl {
+
+struct Endpoint {
+  std::string address;
+  int port = 0;
+};
+
+// A rank this rank shares a link with, and where to reach it (one entry per link: one per
+// cable, or one for loopback / a rendezvous address).
+struct PeerSpec {
+  int rank = -1;
+  std::vector<Endpoint> links;
+};
+
+struct Config {
+  int rank = 0;
+  int size = 1;
+  std::string token;              // job token: peers must present it on connect; never logged
+  std::vector<Endpoint> listen;   // the only addresses this rank listens on
+  std::vector<PeerSpec> peers;    // directly connected ranks
+  int connsPerLink = 2;           // TCP connections per link
+  double timeoutSeconds = 300.0;  // per operation
+  double connectTimeoutSeconds = 60.0;
+  // Global facts about the connection graph, the same on every rank (computed by the bootstrap
+  // from the whole hostfile): every pair of ranks connected / rank r connected to r+1 mod size.
+  bool complete = false;
+  bool ring = false;
+  int ringConns = 1;                // connections per ring neighbour pair, the minimum over the ring
+  size_t segmentBytes = 256 << 10;  // pipeline segment of the large-message algorithms
+  size_t smallBytes = 64 << 10;     // up to this many bytes: the latency-optimised algorithm
+  int pipelineDepth = 4;            // segments in flight per channel (bounded scratch)
+  std::string algorithm = "auto";   // auto | ring | direct (tests and benchmarks force one)
+  int socketBufferBytes = 0;        // 0: kernel autotuning
+  int logLevel = 1;                 // 0 quiet, 1 rejections and failures, 2 connect progress
+};
+
+class Context;
+
+// One posted send or receive of one frame.
+struct Req {
+  struct Handler {
+    virtual void onComplete(Req& req) = 0;
+
+   protected:
+    ~Handler() = default;
+  };
+
+  char* data = nullptr;
+  size_t len = 0;
+  size_t done = 0;  // payload bytes moved
+  FrameHeader hdr{};
+  size_t hdrDone = 0;
+  bool isSend = false;
+  bool complete = false;
+  Handler* handler = nullptr;
+  uint64_t tag = 0;  // the algorithm's own bookkeeping
+  int peer = -1;
+};
+
+struct Connection {
+  Fd fd;
+  int peer = -1;
+  int index = 0;
+  std::string remote;  // address text for messages
+  std::deque<Req*> sendq;
+  std::deque<Req*> recvq;
+  bool eof = false;           // the peer closed its side (fine until a request needs it)
+  uint64_t peekIdleOp = 0;    // op during which a data frame of a later op sits unread here
+};
+
+struct Pair {
+  int peer = -1;
+  std::vector<std::unique_ptr<Connection>> conns;
+  uint32_t opIndex = 0;  // operations this pair has taken part in
+  uint64_t lastOp = 0;   // context op counter when opIndex was last advanced
+};
+
+class Context {
+ public:
+  // Listens, connects to every peer (bounded retry until connectTimeoutSeconds), checks the
+  // job token of every incoming connection. Raises kBootstrap / kTimeout / kAuth naming ranks
+  // and addresses.
+  explicit Context(Config config);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int rank() const { return config_.rank; }
+  int size() const { return config_.size; }
+  const Config& config() const { return config_; }
+  bool connected(int peer) const { return peer >= 0 && peer < size() && pairs_[peer] != nullptr; }
+  int connCount(int peer) const;
+  double timeout() const { return config_.timeoutSeconds; }
+  void setTimeout(double seconds);
+
+  // Raises the stored error if an earlier failure poisoned the context.
+  void checkHealthy() const;
+  // Closes every connection; later calls raise.
+  void close();
+
+  // --- used by the algorithms --------------------------------------------------------------
+  void beginOp(const CallDesc& desc);
+  // failed: the operation ended by an exception; unless that already poisoned the context,
+  // it does now (requests may still be queued, the peers' streams are mid-frame).
+  void endOp(bool failed);
+  Req* postSend(int peer, int conn, const void* data, size_t len, Req::Handler* handler = nullptr,
+                uint64_t tag = 0);
+  Req* postRecv(int peer, int conn, void* data, size_t len, Req::Handler* handler = nullptr, uint64_t tag = 0);
+  // Moves bytes; returns once at least one request made progress (blocking in poll if needed).
+  void progress();
+  void wait(Req* req);
+  void waitAll();  // every request of this operation
+  // Scratch memory owned by the context, reused across operations (grown, never shrunk).
+  char* scratch(size_t bytes);
+  [[noreturn]] void fail(ErrorKind kind, const std::string& message);
+  const CallDesc& currentCall() const { return desc_; }
+  uint64_t opCount() const { return opCounter_; }
+  void log(int level, const std::string& message) const;
+
+ private:
+  void connectAll();
+  bool ioPass();
+  bool doSend(Connection& c);
+  bool doRecv(Connection& c);
+  void checkHeader(Connection& c, Req& r);
+  void peek(Connection& c);
+  [[noreturn]] void receiveAbort(Connection& c, const FrameHeader& hdr, const char* prefix, size_t prefixLen);
+  void sendAborts(ErrorKind kind, const std::string& message);
+  void drainAfterFailure();
+  [[noreturn]] void timeoutFail();
+  std::string pendingSummary() const;
+  Pair& pair(int peer);
+  Req* newReq();
+
+  Config config_;
+  std::vector<Fd> listeners_;
+  std::vector<std::unique_ptr<Pair>> pairStorage_;
+  std::vector<Pair*> pairs_;         // by rank; nullptr where no link
+  std::vector<Connection*> allConns_;
+  std::exception_ptr poisoned_;
+  bool closed_ = false;
+  bool inOp_ = false;
+  CallDesc desc_{};
+  uint64_t opCounter_ = 0;
+  double deadline_ = 0;
+  std::deque<Req> reqs_;  // requests of the current operation (stable addresses)
+  size_t reqsUsed_ = 0;
+  std::vector<char> scratch_;
+};
+
+}  // namespace meshccl
