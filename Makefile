@@ -12,7 +12,15 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # installed in ~/.ansible by some other run must never shadow the code being tested.
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
 
-.PHONY: all demo demo-down test lint unit integration deps venv clean
+.PHONY: all demo demo-down test lint unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize
+
+# meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
+# under AddressSanitizer + UndefinedBehaviorSanitizer, each built in its own directory.
+MESHCCL_SRC := $(shell find collective/src collective/include collective/python collective/tests -type f) \
+	collective/CMakeLists.txt collective/pyproject.toml
+MESHCCL_BUILD := $(CURDIR)/.cache/meshccl
+# PyTorch (CPU) for the DLPack tests and bench/: this machine's local wheel, never another torch.
+TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl))
 
 all: test
 
@@ -23,9 +31,32 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet "$(or $(TORCH_WHEEL),torch==2.13.0)"
 	@touch $@
 
-venv: deps $(VENV)/.installed
+$(VENV)/.meshccl: $(VENV)/.installed $(MESHCCL_SRC)
+	$(BIN)/python -m pip install --quiet ./collective
+	$(BIN)/python -c "import meshccl"
+	@touch $@
+
+venv: deps $(VENV)/.installed $(VENV)/.meshccl
+
+meshccl: venv
+
+## meshccl's C++ suite, warnings as errors.
+meshccl-cpp: deps
+	cmake -S collective -B $(MESHCCL_BUILD)/release -G Ninja -DMESHCCL_BUILD_TESTS=ON -DMESHCCL_WERROR=ON \
+		-DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+	cmake --build $(MESHCCL_BUILD)/release
+	$(MESHCCL_BUILD)/release/meshccl_tests --gtest_brief=1
+
+## The same suite under ASan + UBSan (the 5-7 rank sweeps left to the plain run, for time).
+meshccl-sanitize: deps
+	cmake -S collective -B $(MESHCCL_BUILD)/sanitize -G Ninja -DMESHCCL_BUILD_TESTS=ON -DMESHCCL_WERROR=ON \
+		-DMESHCCL_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug > /dev/null
+	cmake --build $(MESHCCL_BUILD)/sanitize
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+		$(MESHCCL_BUILD)/sanitize/meshccl_tests --gtest_brief=1 '--gtest_filter=-*n5_*:*n6_*:*n7_*' 
 
 ## The main job on the local lab: a 4-host mesh reached over SSH, its network converged.
 demo: venv
@@ -48,9 +79,10 @@ unit: venv
 integration: venv
 	pytest tests/integration
 
-## Lint, then every test (unit and lab integration) in one pytest run.
-test: lint
+## Lint, meshccl's C++ suites (plain, then sanitized), then every Python test (unit, meshccl
+## jobs, lab integration) in one pytest run.
+test: lint meshccl-cpp meshccl-sanitize
 	pytest tests
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .cache/meshccl collective/build

@@ -52,6 +52,7 @@ typedef struct {
   int rank;
   int num_links;                /* one per cable (or one for loopback / rendezvous) */
   const meshccl_endpoint* links; /* where this rank reaches the peer */
+  int initiate;                  /* 1: this rank connects, 0: the peer does, -1: the higher rank */
 } meshccl_peer;
 
 typedef struct {

@@ -77,6 +77,7 @@ int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error
     for (int i = 0; i < c->num_peers; ++i) {
       meshccl::PeerSpec p;
       p.rank = c->peers[i].rank;
+      p.initiate = c->peers[i].initiate;
       for (int l = 0; l < c->peers[i].num_links; ++l) p.links.push_back({c->peers[i].links[l].address, c->peers[i].links[l].port});
       cfg.peers.push_back(std::move(p));
     }

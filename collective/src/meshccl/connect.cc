@@ -62,7 +62,8 @@ void Context::connectAll() {
   for (const auto& p : config_.peers) {
     const int count = static_cast<int>(p.links.size()) * perLink;
     pairs_[p.rank]->conns.resize(static_cast<size_t>(count));
-    if (p.rank < me) {
+    const bool connectsOut = p.initiate < 0 ? p.rank < me : p.initiate == 1;
+    if (connectsOut) {
       for (int l = 0; l < static_cast<int>(p.links.size()); ++l) {
         const SockAddr addr = parseAddress(p.links[l].address, p.links[l].port, cat("rank ", me, ": address of rank ", p.rank));
         for (int k = 0; k < perLink; ++k) {
@@ -277,7 +278,7 @@ void Context::connectAll() {
           continue;
         }
         const int peer = static_cast<int>(h.rank);
-        if (static_cast<int>(h.size) != size() || peer <= me || peer >= size() || pairs_[peer] == nullptr ||
+        if (static_cast<int>(h.size) != size() || peer < 0 || peer >= size() || peer == me || pairs_[peer] == nullptr ||
             expectedIn[peer] == 0 || h.connCount != pairs_[peer]->conns.size() ||
             h.connIndex >= pairs_[peer]->conns.size()) {
           refuse(HelloStatus::kBadRank, cat("rank ", h.rank, " of a world of ", h.size, " (connection ", h.connIndex,

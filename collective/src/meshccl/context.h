@@ -41,6 +41,9 @@ struct Endpoint {
 struct PeerSpec {
   int rank = -1;
   std::vector<Endpoint> links;
+  // Who opens the connections: 1 this rank (to `links`), 0 the peer (this rank accepts),
+  // -1 the higher rank of the two (both ends must agree).
+  int initiate = -1;
 };
 
 struct Config {

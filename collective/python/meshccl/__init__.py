@@ -1,0 +1,222 @@
+"""meshccl: collectives over every cable of a small cluster.
+
+    import meshccl
+    comm = meshccl.init()          # from MESHCCL_*, MLX_* or torchrun's environment
+    comm.all_reduce(x)             # in place; x: NumPy array, PyTorch CPU tensor, any buffer
+    comm.all_reduce(x, out=y, op="max")
+
+Every rank must make the same calls in the same order. A rank that dies, stalls or calls
+something else makes every rank raise (PeerError, TimeoutError, MismatchError) instead of
+hanging; after such an error the communicator is unusable.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from meshccl._meshccl import (
+    AuthError,
+    BootstrapError,
+    Error,
+    InvalidArgumentError,
+    MismatchError,
+    PeerError,
+    TimeoutError,
+)
+from meshccl._meshccl import Communicator as _Native
+from meshccl._meshccl import make_config as _make_config
+from meshccl.bootstrap import Plan, plan_from_env, plan_from_meshccl_hostfile, plan_from_mlx_hostfile
+
+__all__ = [
+    "DTYPES",
+    "OPS",
+    "AuthError",
+    "BootstrapError",
+    "Communicator",
+    "Error",
+    "InvalidArgumentError",
+    "MismatchError",
+    "PeerError",
+    "Plan",
+    "TimeoutError",
+    "init",
+    "plan_from_env",
+    "plan_from_meshccl_hostfile",
+    "plan_from_mlx_hostfile",
+]
+
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
+DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "int32": 5, "int64": 6, "uint8": 7}
+
+# Defaults; each can be set in the environment (MESHCCL_<NAME>) or passed to init().
+DEFAULTS: dict[str, Any] = {
+    "timeout": 300.0,  # seconds per operation
+    "connect_timeout": 60.0,  # seconds to connect the job
+    "conns_per_link": 2,
+    "algorithm": "auto",  # auto | ring | direct
+    "segment_bytes": 256 << 10,
+    "small_bytes": 64 << 10,
+    "pipeline_depth": 4,
+    "socket_buffer": 0,  # 0: kernel autotuning
+    "log_level": 1,
+}
+
+
+def _op(op: str | int) -> int:
+    if isinstance(op, int):
+        return op
+    try:
+        return OPS[op]
+    except KeyError:
+        raise ValueError(f"unknown reduction op {op!r}; one of {', '.join(OPS)}") from None
+
+
+def _dtype(dtype: str | None) -> int:
+    if dtype is None:
+        return -1
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}") from None
+
+
+def _empty_like(x: Any, count: int) -> Any:
+    """A new 1-D buffer of `count` elements of x's type, from x's own library."""
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+
+        return torch.empty(count, dtype=x.dtype)
+    import numpy as np
+
+    return np.empty(count, dtype=np.asarray(x).dtype)
+
+
+def _numel(x: Any) -> int:
+    n = getattr(x, "size", None)
+    if callable(n):  # torch: size() is a method
+        return int(x.numel())
+    if n is not None:
+        return int(n)
+    return len(memoryview(x).cast("B")) // memoryview(x).itemsize
+
+
+class Communicator:
+    """A connected group of ranks. Build with :func:`init` (or from a :class:`Plan`)."""
+
+    def __init__(self, plan: Plan, token: str = "", **options: Any) -> None:
+        opts = {**DEFAULTS, **options}
+        unknown = set(opts) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        config = _make_config(
+            plan.rank,
+            plan.size,
+            token,
+            plan.listen,
+            [(r, links, initiate) for r, (links, initiate) in sorted(plan.peers.items())],
+            int(opts["conns_per_link"]),
+            float(opts["timeout"]),
+            float(opts["connect_timeout"]),
+            plan.complete,
+            plan.ring,
+            plan.ring_links * int(opts["conns_per_link"]),
+            int(opts["segment_bytes"]),
+            int(opts["small_bytes"]),
+            int(opts["pipeline_depth"]),
+            str(opts["algorithm"]),
+            int(opts["socket_buffer"]),
+            int(opts["log_level"]),
+        )
+        self.plan = plan
+        self._native = _Native(config)
+
+    @property
+    def rank(self) -> int:
+        return self._native.rank
+
+    @property
+    def size(self) -> int:
+        return self._native.size
+
+    @property
+    def timeout(self) -> float:
+        return self._native.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._native.timeout = seconds
+
+    def all_reduce(self, x: Any, op: str = "sum", out: Any = None, dtype: str | None = None) -> Any:
+        """Reduces x over all ranks into out (default: x itself, in place); returns the result."""
+        target = x if out is None else out
+        self._native.all_reduce(x, target, _op(op), _dtype(dtype))
+        return target
+
+    def all_gather(self, x: Any, out: Any = None, dtype: str | None = None) -> Any:
+        """Every rank's x, in rank order, into out (size * len(x) elements; allocated if None)."""
+        if out is None:
+            out = _empty_like(x, self.size * _numel(x))
+        self._native.all_gather(x, out, _dtype(dtype))
+        return out
+
+    def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", dtype: str | None = None) -> Any:
+        """Block `rank` of the reduction of x (size * n elements) over all ranks, into out (n)."""
+        if out is None:
+            out = _empty_like(x, _numel(x) // self.size)
+        self._native.reduce_scatter(x, out, _op(op), _dtype(dtype))
+        return out
+
+    def broadcast(self, x: Any, root: int = 0, dtype: str | None = None) -> Any:
+        """x on every rank becomes root's x; returns x."""
+        self._native.broadcast(x, root, _dtype(dtype))
+        return x
+
+    def send(self, x: Any, dst: int, dtype: str | None = None) -> None:
+        self._native.send(x, dst, _dtype(dtype))
+
+    def recv(self, x: Any, src: int, dtype: str | None = None) -> Any:
+        self._native.recv(x, src, _dtype(dtype))
+        return x
+
+    def barrier(self) -> None:
+        self._native.barrier()
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<meshccl.Communicator rank {self.rank} of {self.size} ({self.plan.source})>"
+
+
+def _env_options(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, default in DEFAULTS.items():
+        key = "MESHCCL_" + name.upper()
+        if key in env:
+            try:
+                out[name] = type(default)(env[key])
+            except ValueError:
+                raise BootstrapError(f"{key}={env[key]!r} is not a valid {type(default).__name__}") from None
+    return out
+
+
+def init(env: dict[str, str] | None = None, **options: Any) -> Communicator:
+    """Connects this rank to the job described by the environment (see meshccl.bootstrap).
+
+    Options (keyword or MESHCCL_<NAME> in the environment): timeout, connect_timeout,
+    conns_per_link, algorithm, segment_bytes, small_bytes, pipeline_depth, socket_buffer,
+    log_level. The job token comes from MESHCCL_TOKEN (never logged).
+    """
+    env = dict(os.environ if env is None else env)
+    opts = {**_env_options(env), **options}
+    token = env.get("MESHCCL_TOKEN", "")
+    plan = plan_from_env(env, token=token, timeout=float(opts.get("connect_timeout", DEFAULTS["connect_timeout"])))
+    return Communicator(plan, token=token, **opts)

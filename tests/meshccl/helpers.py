@@ -1,0 +1,112 @@
+"""Real meshccl jobs on this machine: processes, hostfiles written by meshkit's own hostfile
+code, cables as loopback addresses (127.64.0.0/24 routes to lo, so every "host" listens on
+its own addresses and nowhere else)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
+
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def free_port_block(count: int) -> int:
+    """A base port such that base..base+count-1 are free on loopback right now."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65000:
+            continue
+        ok = True
+        for p in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port block")
+
+
+def plan_of(pairs: list[tuple[int, int]], n: int) -> dict:
+    """meshkit's plan for cables between host numbers (ports tb0, tb1, ... per host)."""
+    used = dict.fromkeys(range(1, n + 1), 0)
+    obs = []
+    for a, b in pairs:
+        pa, pb = f"tb{used[a]}", f"tb{used[b]}"
+        used[a] += 1
+        used[b] += 1
+        obs.append(Observation(f"node{a}", pa, f"id-{a}-{pa}", [f"id-{b}-{pb}"]))
+        obs.append(Observation(f"node{b}", pb, f"id-{b}-{pb}", [f"id-{a}-{pa}"]))
+    return build_plan([f"node{i}" for i in range(1, n + 1)], obs, "127.64.0.0/24", "", False).as_dict()
+
+
+def meshccl_hostfile(tmp: Path, pairs: list[tuple[int, int]], hosts: int, ranks_per_host: int = 1) -> Path:
+    plan = plan_of(pairs, hosts)
+    ssh = {f"node{i}": f"127.0.0.{i}" for i in range(1, hosts + 1)}
+    port = free_port_block(ranks_per_host)
+    data = hostfiles.meshccl_hostfile(plan, ssh, ranks_per_host, port, "test", hostfiles.fingerprint(plan))
+    path = tmp / "meshccl.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def loopback_hostfile(tmp: Path, n: int) -> Path:
+    """All ranks on one host: every pair linked over 127.0.0.1 (a complete graph)."""
+    plan = plan_of([], 1)
+    port = free_port_block(n)
+    data = hostfiles.meshccl_hostfile(plan, {"node1": "127.0.0.1"}, n, port, "test", hostfiles.fingerprint(plan))
+    path = tmp / f"meshccl-local{n}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def spawn(n: int, scenario: str, env_of, *args: str) -> list[subprocess.Popen]:
+    """n worker processes; env_of(rank) gives each one's extra environment."""
+    procs = []
+    for r in range(n):
+        env = {**os.environ, "MESHCCL_TOKEN": "job-secret-7", "MESHCCL_LOG_LEVEL": "1", **env_of(r)}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), scenario, *args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return procs
+
+
+def hostfile_env(path: Path):
+    return lambda r: {"MESHCCL_RANK": str(r), "MESHCCL_HOSTFILE": str(path)}
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[int, str, str]]:
+    """Waits for every process (killing all of them past `timeout`); (returncode, out, err)."""
+    deadline = time.monotonic() + timeout
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    q.send_signal(signal.SIGKILL)
+            o, e = p.communicate()
+            e += "\n[test] killed: still running past the test's deadline"
+        out.append((p.returncode, o, e))
+    return out
