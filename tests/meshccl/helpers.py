@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
+
+from tests.unit.test_hostfiles import plan_of as unit_plan_of
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -41,16 +42,8 @@ def free_port_block(count: int) -> int:
 
 
 def plan_of(pairs: list[tuple[int, int]], n: int) -> dict:
-    """meshkit's plan for cables between host numbers (ports tb0, tb1, ... per host)."""
-    used = dict.fromkeys(range(1, n + 1), 0)
-    obs = []
-    for a, b in pairs:
-        pa, pb = f"tb{used[a]}", f"tb{used[b]}"
-        used[a] += 1
-        used[b] += 1
-        obs.append(Observation(f"node{a}", pa, f"id-{a}-{pa}", [f"id-{b}-{pb}"]))
-        obs.append(Observation(f"node{b}", pb, f"id-{b}-{pb}", [f"id-{a}-{pa}"]))
-    return build_plan([f"node{i}" for i in range(1, n + 1)], obs, "127.64.0.0/24", "", False).as_dict()
+    """meshkit's plan for cables between host numbers, cable addresses on loopback."""
+    return unit_plan_of(pairs, n, network="127.64.0.0/24")
 
 
 def meshccl_hostfile(tmp: Path, pairs: list[tuple[int, int]], hosts: int, ranks_per_host: int = 1) -> Path:

@@ -17,7 +17,7 @@ from .module_harness import patch_exits, run_module
 SSH = {f"node{i}": f"10.9.0.{i}" for i in range(1, 6)}
 
 
-def plan_of(pairs: list[tuple[int, int]], n: int, backend: str = "", rdma=False) -> dict:
+def plan_of(pairs: list[tuple[int, int]], n: int, backend: str = "", rdma=False, network: str = "10.50.0.0/24") -> dict:
     """A plan for cables between host numbers, ports tb0, tb1, ... in cable order per host."""
     used = dict.fromkeys(range(1, n + 1), 0)
     obs = []
@@ -27,7 +27,7 @@ def plan_of(pairs: list[tuple[int, int]], n: int, backend: str = "", rdma=False)
         used[b] += 1
         obs.append(Observation(f"node{a}", pa, f"id-{a}-{pa}", [f"id-{b}-{pb}"], rdma=f"rdma_{pa}"))
         obs.append(Observation(f"node{b}", pb, f"id-{b}-{pb}", [f"id-{a}-{pa}"], rdma=f"rdma_{pb}"))
-    return build_plan([f"node{i}" for i in range(1, n + 1)], obs, "10.50.0.0/24", backend, rdma).as_dict()
+    return build_plan([f"node{i}" for i in range(1, n + 1)], obs, network, backend, rdma).as_dict()
 
 
 # A ring cabled node1 - node3 - node2 - node4 - node1. Cable order (sorted by ends) and /30s:
