@@ -46,6 +46,10 @@ void directReduceScatter(Context& ctx, const Buffers& b);
 void chainBroadcast(Context& ctx, char* buf, size_t bytes, int root, bool bothDirections);
 void directBroadcast(Context& ctx, char* buf, size_t bytes, int root);
 
+// Posts a send (or receive) of `bytes` at `data` with `peer`, cut into segments striped over
+// the pair's connections; both ends cut the same way.
+void postSegments(Context& ctx, bool send, int peer, char* data, size_t bytes);
+
 // Splits `total` elements into `parts` nearly equal parts; returns the start of `part`.
 inline size_t partStart(size_t total, size_t parts, size_t part) {
   const size_t base = total / parts;

@@ -160,18 +160,7 @@ void pointToPoint(Context& ctx, bool isSend, void* buf, size_t count, DataType d
                   " share no link; send/recv works between linked ranks only");
   ctx.checkHealthy();
   OpScope scope(ctx, call(Collective::kSendRecv, dtype, RedOp::kSum, count, isSend ? ctx.rank() : peer));
-  const size_t cap = ctx.config().segmentBytes;
-  const size_t segs = std::max<size_t>(1, (bytes + cap - 1) / cap);
-  auto* data = static_cast<char*>(buf);
-  for (size_t k = 0; k < segs; ++k) {
-    const size_t o = algo::partStart(bytes, segs, k);
-    const size_t l = algo::partStart(bytes, segs, k + 1) - o;
-    if (isSend) {
-      ctx.postSend(peer, static_cast<int>(k), data + o, l);
-    } else {
-      ctx.postRecv(peer, static_cast<int>(k), data + o, l);
-    }
-  }
+  algo::postSegments(ctx, isSend, peer, static_cast<char*>(buf), bytes);
   ctx.waitAll();
 }
 

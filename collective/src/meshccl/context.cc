@@ -212,6 +212,15 @@ Pair& Context::pair(int peer) {
   return *pairs_[peer];
 }
 
+Pair& Context::pairInOp(int peer) {
+  Pair& p = pair(peer);
+  if (p.lastOp != opCounter_) {  // first request of this operation on this pair
+    ++p.opIndex;
+    p.lastOp = opCounter_;
+  }
+  return p;
+}
+
 char* Context::scratch(size_t bytes) {
   if (scratch_.size() < bytes) {
     scratch_.clear();
@@ -249,11 +258,7 @@ Req* Context::newReq() {
 }
 
 Req* Context::postSend(int peer, int conn, const void* data, size_t len, Req::Handler* handler, uint64_t tag) {
-  Pair& p = pair(peer);
-  if (p.lastOp != opCounter_) {
-    ++p.opIndex;
-    p.lastOp = opCounter_;
-  }
+  Pair& p = pairInOp(peer);
   Connection& c = *p.conns[static_cast<size_t>(conn) % p.conns.size()];
   Req* r = newReq();
   r->data = const_cast<char*>(static_cast<const char*>(data));
@@ -268,11 +273,7 @@ Req* Context::postSend(int peer, int conn, const void* data, size_t len, Req::Ha
 }
 
 Req* Context::postRecv(int peer, int conn, void* data, size_t len, Req::Handler* handler, uint64_t tag) {
-  Pair& p = pair(peer);
-  if (p.lastOp != opCounter_) {
-    ++p.opIndex;
-    p.lastOp = opCounter_;
-  }
+  Pair& p = pairInOp(peer);
   Connection& c = *p.conns[static_cast<size_t>(conn) % p.conns.size()];
   if (c.eof) {
     fail(ErrorKind::kIo, cat("rank ", rank(), ": rank ", peer, " (", c.remote,

@@ -164,6 +164,7 @@ class Context {
   [[noreturn]] void timeoutFail();
   std::string pendingSummary() const;
   Pair& pair(int peer);
+  Pair& pairInOp(int peer);  // the pair, its operation index advanced once per operation
   Req* newReq();
 
   Config config_;

@@ -154,6 +154,8 @@ void run(Context& ctx, DirectReduceScatter& alg) {
   }
 }
 
+}  // namespace
+
 // Sends `bytes` at `data` to `peer` (or receives them), cut into segments striped over the
 // pair's connections.
 void postSegments(Context& ctx, bool send, int peer, char* data, size_t bytes) {
@@ -169,8 +171,6 @@ void postSegments(Context& ctx, bool send, int peer, char* data, size_t bytes) {
     }
   }
 }
-
-}  // namespace
 
 void directAllReduce(Context& ctx, const Buffers& b) {
   const int n = ctx.size();
