@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import socket
+import threading
 
 import meshccl
 import pytest
@@ -38,6 +40,7 @@ def test_doubled_cables_are_two_links_and_ranks_of_one_host_meet_on_loopback(tmp
     assert plan.peers[1] == ([("127.0.0.1", port + 1)], -1)
     assert len(plan.peers[2][0]) == 2  # two cables to node2
     assert plan.complete and plan.ring_links == 1  # ranks 1-2 share two cables, 0-1 loopback
+    assert plan.same_host == {1}  # node1's other rank; node2's ranks are across the cables
 
 
 @pytest.mark.parametrize(
@@ -79,12 +82,40 @@ def test_cables_forming_a_line_are_refused(tmp_path):
         meshccl.plan_from_meshccl_hostfile(data, 0)
 
 
+def test_torchrun_ranks_compare_host_identities(monkeypatch):
+    from meshccl import bootstrap
+
+    identity = bootstrap.host_identity()
+    assert identity == bootstrap.host_identity() and identity.startswith(socket.gethostname())
+    # Ranks 0 and 2 report one identity, rank 1 another (as if from another machine).
+    ids = {0: "host-a", 1: "host-b", 2: "host-a"}
+    per_thread = threading.local()
+    monkeypatch.setattr(bootstrap, "host_identity", lambda: per_thread.id)
+    port = h.free_port_block(1)
+    plans: dict[int, meshccl.Plan] = {}
+
+    def rank(r: int) -> None:
+        per_thread.id = ids[r]
+        plans[r] = bootstrap.plan_from_torchrun(r, 3, "127.0.0.1", port, "tok", 20.0)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert {r: p.same_host for r, p in plans.items()} == {0: {2}, 1: set(), 2: {0}}
+
+
 def test_mlx_ring_file_connects_right_and_accepts_from_left():
     hosts = [["127.0.0.1:5000"], ["127.0.0.2:5001", "127.0.0.2:5002"], ["127.0.0.3:5003"], ["127.0.0.4:5004"]]
     plan = meshccl.plan_from_mlx_hostfile(hosts, 1)
     assert plan.listen == [("127.0.0.2", 5001), ("127.0.0.2", 5002)]
     assert plan.peers == {2: ([("127.0.0.3", 5003)], 1), 0: ([("127.0.0.2", 5001), ("127.0.0.2", 5002)], 0)}
     assert plan.ring and not plan.complete and plan.ring_links == 1
+    assert plan.same_host == set()
+    # The MLX file names no hosts: ranks listening on the same addresses share one.
+    local = [["127.0.0.1:5000"], ["127.0.0.1:5001"], ["127.0.0.1:5002"]]
+    assert meshccl.plan_from_mlx_hostfile(local, 1).same_host == {0, 2}
     with pytest.raises(meshccl.BootstrapError, match=re.escape("'127.0.0.1' is not 'ip:port'")):
         meshccl.plan_from_mlx_hostfile([["127.0.0.1"], ["127.0.0.2:1"]], 0)
 

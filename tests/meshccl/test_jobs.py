@@ -77,6 +77,38 @@ def test_every_collective_over_cables(tmp_path, name, pairs, hosts, per_host):
     assert_all_ok(h.finish(h.spawn(n, "sweep", h.hostfile_env(path))))
 
 
+def transports(results) -> list[dict[int, str]]:
+    """Per rank, peer -> "shm"/"tcp" as the worker's "transports" scenario printed it."""
+    assert_all_ok(results)
+    out = []
+    for _, stdout, _ in results:
+        line = next(x for x in stdout.splitlines() if x.startswith("TRANSPORTS"))
+        out.append({int(q): t for q, t in (item.split(":") for item in line.split()[1:])})
+    return out
+
+
+def test_ranks_of_one_host_share_memory_and_hosts_talk_tcp(tmp_path):
+    # One host: every pair in shared memory.
+    path = h.loopback_hostfile(tmp_path, 4)
+    got = transports(h.finish(h.spawn(4, "transports", h.hostfile_env(path))))
+    assert got == [{q: "shm" for q in range(4) if q != r} for r in range(4)]
+    # Four hosts in a ring, two ranks each: the host's two ranks share memory, cables are TCP.
+    path = h.meshccl_hostfile(tmp_path, RING4, 4, 2)
+    distinct_host_ports(path, 2)
+    hosts = {x["rank"]: x["host"] for x in json.loads(path.read_text())["ranks"]}
+    got = transports(h.finish(h.spawn(8, "transports", h.hostfile_env(path))))
+    for r, links in enumerate(got):
+        assert links, f"rank {r} has no links"
+        for q, t in links.items():
+            assert t == ("shm" if hosts[q] == hosts[r] else "tcp"), (r, q, t, hosts)
+        assert "shm" in links.values(), (r, links)
+    # transport=tcp keeps one host's ranks on loopback TCP.
+    path = h.loopback_hostfile(tmp_path, 2)
+    env = h.hostfile_env(path)
+    got = transports(h.finish(h.spawn(2, "transports", lambda r: {**env(r), "MESHCCL_TRANSPORT": "tcp"})))
+    assert got == [{1: "tcp"}, {0: "tcp"}]
+
+
 def test_mlx_ring_hostfile_bootstrap(tmp_path):
     plan = h.plan_of(RING4, 4)
     mlx = hostfiles.mlx_hostfile(plan, {f"node{i}": f"127.0.0.{i}" for i in range(1, 5)})
@@ -111,6 +143,12 @@ def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 60) -> Non
     raise AssertionError(f"no {text!r} within {timeout} s")
 
 
+def shm_names(pids) -> list[str]:
+    """Shared-memory segments meshccl created (named after the creating pid) still in /dev/shm."""
+    shm = Path("/dev/shm")
+    return [p.name for p in shm.iterdir() if any(p.name.startswith(f"mccl.{pid}.") for pid in pids)]
+
+
 @pytest.mark.parametrize("layout", ["ring4", "local4"])
 def test_sigkill_of_a_rank_mid_all_reduce_makes_every_other_rank_raise(tmp_path, layout):
     path = h.meshccl_hostfile(tmp_path, RING4, 4) if layout == "ring4" else h.loopback_hostfile(tmp_path, 4)
@@ -134,10 +172,12 @@ def test_sigkill_of_a_rank_mid_all_reduce_makes_every_other_rank_raise(tmp_path,
         assert "ERROR PeerError" in out or "ERROR TimeoutError" in out, out[-500:]
     assert elapsed < timeout + 5, f"survivors needed {elapsed:.1f} s"
     assert all(p.poll() is not None for p in procs)
+    assert shm_names([p.pid for p in procs]) == []
 
 
-def test_sigstop_of_a_rank_times_out_every_other_rank(tmp_path):
-    path = h.meshccl_hostfile(tmp_path, RING4, 4)
+@pytest.mark.parametrize("layout", ["ring4", "local4"])
+def test_sigstop_of_a_rank_times_out_every_other_rank(tmp_path, layout):
+    path = h.meshccl_hostfile(tmp_path, RING4, 4) if layout == "ring4" else h.loopback_hostfile(tmp_path, 4)
     timeout = 3.0
     procs = h.spawn(4, "loop", lambda r: {**h.hostfile_env(path)(r), "MESHCCL_TIMEOUT": str(timeout)})
     try:
@@ -156,9 +196,12 @@ def test_sigstop_of_a_rank_times_out_every_other_rank(tmp_path):
     assert elapsed < timeout + 5, f"survivors needed {elapsed:.1f} s"
 
 
-@pytest.mark.parametrize("layout", ["ring4", "mesh4"])
+@pytest.mark.parametrize("layout", ["ring4", "mesh4", "local4"])
 def test_float32_against_int32_raises_on_every_rank(tmp_path, layout):
-    path = h.meshccl_hostfile(tmp_path, RING4 if layout == "ring4" else MESH4, 4)
+    if layout == "local4":
+        path = h.loopback_hostfile(tmp_path, 4)
+    else:
+        path = h.meshccl_hostfile(tmp_path, RING4 if layout == "ring4" else MESH4, 4)
     results = h.finish(h.spawn(4, "mismatch", h.hostfile_env(path)), timeout=60)
     for r, (code, out, err) in enumerate(results):
         assert code == 3, f"rank {r}: {out} {err}"

@@ -111,6 +111,12 @@ def main() -> int:
         elif scenario == "mismatch":
             x = np.ones(1024, dtype=np.int32 if r == 1 else np.float32)
             comm.all_reduce(x)
+        elif scenario == "transports":
+            x = np.full(300_000, r + 1, dtype=np.float32)
+            comm.all_reduce(x)
+            assert (x == n * (n + 1) / 2).all(), x[:4]
+            links = {q: comm.transport(q) for q in range(n) if q != r and comm.transport(q)}
+            print("TRANSPORTS " + " ".join(f"{q}:{t}" for q, t in sorted(links.items())), flush=True)
         elif scenario == "barrier":
             comm.barrier()
         elif scenario == "torch":

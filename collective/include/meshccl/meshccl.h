@@ -53,6 +53,7 @@ typedef struct {
   int num_links;                /* one per cable (or one for loopback / rendezvous) */
   const meshccl_endpoint* links; /* where this rank reaches the peer */
   int initiate;                  /* 1: this rank connects, 0: the peer does, -1: the higher rank */
+  int same_host;                 /* both ranks on one host: data through shared memory */
 } meshccl_peer;
 
 typedef struct {
@@ -75,6 +76,8 @@ typedef struct {
   const char* algorithm; /* "auto", "ring" or "direct" */
   int socket_buffer_bytes;
   int log_level;
+  const char* transport; /* "auto" (shared memory between same-host ranks) or "tcp" */
+  size_t shm_ring_bytes; /* per direction and connection, a power of two */
 } meshccl_config;
 
 typedef struct meshccl_comm meshccl_comm;

@@ -59,6 +59,8 @@ DEFAULTS: dict[str, Any] = {
     "small_bytes": 64 << 10,
     "pipeline_depth": 4,
     "socket_buffer": 0,  # 0: kernel autotuning
+    "transport": "auto",  # auto: shared memory between ranks of one host | tcp
+    "shm_ring_bytes": 256 << 10,  # per direction and connection (power of two)
     "log_level": 1,
 }
 
@@ -115,7 +117,7 @@ class Communicator:
             plan.size,
             token,
             plan.listen,
-            [(r, links, initiate) for r, (links, initiate) in sorted(plan.peers.items())],
+            [(r, links, initiate, r in plan.same_host) for r, (links, initiate) in sorted(plan.peers.items())],
             int(opts["conns_per_link"]),
             float(opts["timeout"]),
             float(opts["connect_timeout"]),
@@ -128,6 +130,8 @@ class Communicator:
             str(opts["algorithm"]),
             int(opts["socket_buffer"]),
             int(opts["log_level"]),
+            str(opts["transport"]),
+            int(opts["shm_ring_bytes"]),
         )
         self.plan = plan
         self._native = _Native(config)
@@ -147,6 +151,10 @@ class Communicator:
     @timeout.setter
     def timeout(self, seconds: float) -> None:
         self._native.timeout = seconds
+
+    def transport(self, peer: int) -> str:
+        """How this rank reaches `peer`: "shm", "tcp", "shm+tcp" (partly fell back), "" if not linked."""
+        return str(self._native.transport(peer))
 
     def all_reduce(self, x: Any, op: str = "sum", out: Any = None, dtype: str | None = None) -> Any:
         """Reduces x over all ranks into out (default: x itself, in place); returns the result."""
@@ -213,7 +221,7 @@ def init(env: dict[str, str] | None = None, **options: Any) -> Communicator:
 
     Options (keyword or MESHCCL_<NAME> in the environment): timeout, connect_timeout,
     conns_per_link, algorithm, segment_bytes, small_bytes, pipeline_depth, socket_buffer,
-    log_level. The job token comes from MESHCCL_TOKEN (never logged).
+    transport, shm_ring_bytes, log_level. The job token comes from MESHCCL_TOKEN (never logged).
     """
     env = dict(os.environ if env is None else env)
     opts = {**_env_options(env), **options}

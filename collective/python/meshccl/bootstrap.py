@@ -26,6 +26,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from meshccl._meshccl import BootstrapError, TimeoutError
@@ -49,6 +50,7 @@ class Plan:
     ring: bool = False  # rank r linked to r+1 mod size (same on every rank)
     ring_links: int = 1  # links per ring neighbour pair, the minimum over the ring
     source: str = ""  # where the plan came from, for messages
+    same_host: set[int] = field(default_factory=set)  # linked ranks on this rank's host (shared memory)
 
 
 def _fail(where: str, msg: str) -> None:
@@ -171,7 +173,8 @@ def plan_from_meshccl_hostfile(data: dict[str, Any], rank: int, source: str = "h
     if size > 1 and not (complete or ring):
         _fail(source, "the cables form neither a ring through the ranks in order nor a full mesh")
     peers = {b: (links_between(rank, b), -1) for b in linked[rank]}
-    return Plan(rank, size, listen, peers, complete, ring, ring_links, source)
+    same_host = {b for b in peers if by_rank[b]["host"] == me["host"]}
+    return Plan(rank, size, listen, peers, complete, ring, ring_links, source, same_host)
 
 
 # --- MLX ring hostfile ----------------------------------------------------------------------
@@ -212,6 +215,9 @@ def plan_from_mlx_hostfile(data: Any, rank: int, source: str = "MLX_HOSTFILE") -
     plan.complete = size <= 3
     plan.ring = True
     plan.ring_links = min(len(h) for h in hosts)
+    # The file names no hosts: two ranks listening on the same addresses share a host.
+    ips = [{a for a, _ in h} for h in hosts]
+    plan.same_host = {r for r in plan.peers if ips[r] == ips[rank]}
     return plan
 
 
@@ -249,17 +255,38 @@ def _free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
+def host_identity() -> str:
+    """This process's host as other ranks can compare it: name, kernel boot, network namespace.
+
+    Ranks with the same identity share memory; the network namespace keeps lab "hosts" that
+    are namespaces on one machine apart.
+    """
+    parts = [socket.gethostname()]
+    try:
+        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    except OSError:
+        parts.append("?")
+    try:
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        parts.append("?")
+    return "/".join(parts)
+
+
 def plan_from_torchrun(rank: int, size: int, master_addr: str, master_port: int, token: str, timeout: float) -> Plan:
     """Rendezvous through rank 0 at master_addr:master_port; every rank linked to every rank."""
     master = _resolve(master_addr)
     family = socket.AF_INET6 if ":" in master else socket.AF_INET
     deadline = time.monotonic() + timeout
     table: dict[int, Endpoint]
+    hosts: dict[int, str] = {}
+    me = host_identity()
     if size == 1:
         return Plan(0, 1, source="torchrun")
     if rank == 0:
         port = _free_port(master)
         table = {0: (master, port)}
+        hosts[0] = me
         with socket.socket(family, socket.SOCK_STREAM) as srv:
             srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -302,10 +329,11 @@ def plan_from_torchrun(rank: int, size: int, master_addr: str, master_port: int,
                             _check_address("rendezvous", msg["address"]),
                             _check_port("rendezvous", msg["port"]),
                         )
+                        hosts[r] = str(msg.get("host", ""))
                         clients.append(conn)
                     except (OSError, ValueError, KeyError):
                         conn.close()
-                reply = (json.dumps({str(r): list(ep) for r, ep in table.items()}) + "\n").encode()
+                reply = (json.dumps({str(r): [*ep, hosts[r]] for r, ep in table.items()}) + "\n").encode()
                 for c in clients:
                     c.sendall(reply)
             finally:
@@ -324,18 +352,23 @@ def plan_from_torchrun(rank: int, size: int, master_addr: str, master_port: int,
                     port = _free_port(own)
                     s.sendall(
                         (
-                            json.dumps({"rank": rank, "size": size, "token": token, "address": own, "port": port})
+                            json.dumps(
+                                {"rank": rank, "size": size, "token": token, "address": own, "port": port, "host": me}
+                            )
                             + "\n"
                         ).encode()
                     )
                     s.settimeout(max(1.0, deadline - time.monotonic()))
-                    table = {int(k): (v[0], int(v[1])) for k, v in json.loads(_recv_line(s)).items()}
+                    reply = json.loads(_recv_line(s))
+                    table = {int(k): (v[0], int(v[1])) for k, v in reply.items()}
+                    hosts = {int(k): str(v[2]) for k, v in reply.items()}
                     break
             except (OSError, ValueError) as e:
                 last = str(e)
                 time.sleep(0.1)
     peers = {r: ([ep], -1) for r, ep in table.items() if r != rank}
-    return Plan(rank, size, [table[rank]], peers, complete=True, ring=True, ring_links=1, source="torchrun")
+    same_host = {r for r in peers if hosts.get(r) == me}
+    return Plan(rank, size, [table[rank]], peers, True, True, 1, "torchrun", same_host)
 
 
 # --- from the environment -----------------------------------------------------------------------

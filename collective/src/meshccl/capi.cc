@@ -54,6 +54,8 @@ void meshccl_config_init(meshccl_config* c) {
   c->algorithm = "auto";
   c->socket_buffer_bytes = d.socketBufferBytes;
   c->log_level = d.logLevel;
+  c->transport = "auto";
+  c->shm_ring_bytes = d.shmRingBytes;
 }
 
 int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error, size_t errorLen) {
@@ -78,6 +80,7 @@ int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error
       meshccl::PeerSpec p;
       p.rank = c->peers[i].rank;
       p.initiate = c->peers[i].initiate;
+      p.sameHost = c->peers[i].same_host != 0;
       for (int l = 0; l < c->peers[i].num_links; ++l) p.links.push_back({c->peers[i].links[l].address, c->peers[i].links[l].port});
       cfg.peers.push_back(std::move(p));
     }
@@ -93,6 +96,8 @@ int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error
     cfg.algorithm = c->algorithm != nullptr ? c->algorithm : "auto";
     cfg.socketBufferBytes = c->socket_buffer_bytes;
     cfg.logLevel = c->log_level;
+    cfg.transport = c->transport != nullptr ? c->transport : "auto";
+    cfg.shmRingBytes = c->shm_ring_bytes;
     auto comm = std::make_unique<meshccl_comm>();
     comm->ctx = std::make_unique<meshccl::Context>(std::move(cfg));
     *out = comm.release();

@@ -307,6 +307,117 @@ void Context::connectAll() {
     if (pr == nullptr) continue;
     for (auto& c : pr->conns) allConns_.push_back(c.get());
   }
+  setupSharedMemory();
+}
+
+namespace {
+
+constexpr uint32_t kShmOfferMagic = 0x4d43534fu;  // "MCSO"
+
+#pragma pack(push, 1)
+struct ShmOffer {
+  uint32_t magic;
+  uint32_t offered;  // 0: this end uses TCP (transport tcp, or creating the segment failed)
+  uint64_t ringBytes;
+  char name[48];
+};
+#pragma pack(pop)
+
+// Whole-buffer I/O on a non-blocking socket during the handshake, bounded by `deadline`.
+bool exchange(int fd, char* buf, size_t len, bool write, double deadline) {
+  size_t done = 0;
+  while (done < len) {
+    const ssize_t n = write ? ::send(fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                            : ::recv(fd, buf + done, len - done, MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0 && !write) return false;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    const double left = deadline - monotonicSeconds();
+    if (left <= 0) return false;
+    pollfd p{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
+    ::poll(&p, 1, static_cast<int>(std::ceil(left * 1000)));
+  }
+  return true;
+}
+
+}  // namespace
+
+// Same-host pairs move their data through shared memory. On each of the pair's connections
+// the lower rank offers a segment (or declines), the higher rank maps it and answers, the lower
+// rank unlinks the name. Offers go out before any answer is awaited, so no rank waits on one
+// that waits on it. Where either end cannot (or, with transport=tcp, will not) use it, that
+// connection stays TCP and the job goes on.
+void Context::setupSharedMemory() {
+  const double deadline = monotonicSeconds() + config_.connectTimeoutSeconds;
+  const bool want = config_.transport == "auto";
+  const int me = rank();
+  auto lost = [&](const Connection& c, const char* what) {
+    raise(ErrorKind::kBootstrap, cat("rank ", me, ": rank ", c.peer, " (", c.remote, ") did not ", what,
+                                     " the shared-memory handshake within the connect timeout"));
+  };
+  std::vector<std::pair<Connection*, std::unique_ptr<ShmLink>>> offered;
+  for (auto* pr : pairs_) {
+    if (pr == nullptr || !pr->sameHost || pr->peer < me) continue;
+    for (auto& c : pr->conns) {
+      ShmOffer o{};
+      o.magic = kShmOfferMagic;
+      o.ringBytes = config_.shmRingBytes;
+      std::unique_ptr<ShmLink> link;
+      if (want) {
+        std::string name, error;
+        link = ShmLink::create(config_.shmRingBytes, &name, &error);
+        if (link) {
+          o.offered = 1;
+          std::strncpy(o.name, name.c_str(), sizeof(o.name) - 1);
+        } else {
+          log(1, cat("shared memory with rank ", pr->peer, " unavailable, using TCP: ", error));
+        }
+      }
+      if (!exchange(c->fd.get(), reinterpret_cast<char*>(&o), sizeof(o), true, deadline)) lost(*c, "take part in");
+      offered.emplace_back(c.get(), std::move(link));
+    }
+  }
+  for (auto* pr : pairs_) {
+    if (pr == nullptr || !pr->sameHost || pr->peer > me) continue;
+    for (auto& c : pr->conns) {
+      ShmOffer o{};
+      if (!exchange(c->fd.get(), reinterpret_cast<char*>(&o), sizeof(o), false, deadline)) lost(*c, "start");
+      if (o.magic != kShmOfferMagic) {
+        raise(ErrorKind::kBootstrap, cat("rank ", me, ": rank ", pr->peer, " (", c->remote,
+                                         ") sent no shared-memory offer: do both ranks read the same hostfile?"));
+      }
+      o.name[sizeof(o.name) - 1] = '\0';
+      uint32_t accepted = 0;
+      if (want && o.offered == 1) {
+        std::string error;
+        c->shm = ShmLink::open(o.name, static_cast<size_t>(o.ringBytes), &error);
+        if (c->shm) {
+          accepted = 1;
+        } else {
+          log(1, cat("shared memory with rank ", pr->peer, " unavailable, using TCP: ", error));
+        }
+      }
+      if (!exchange(c->fd.get(), reinterpret_cast<char*>(&accepted), sizeof(accepted), true, deadline)) {
+        lost(*c, "finish");
+      }
+    }
+  }
+  for (auto& [c, link] : offered) {
+    uint32_t accepted = 0;
+    if (!exchange(c->fd.get(), reinterpret_cast<char*>(&accepted), sizeof(accepted), false, deadline)) {
+      lost(*c, "finish");
+    }
+    if (link) link->unlink();
+    if (accepted == 1 && link) c->shm = std::move(link);
+  }
+  for (auto* c : allConns_) {
+    if (!c->shm) continue;
+    hasShm_ = true;
+    log(2, cat("rank ", c->peer, " connection ", c->index, ": shared memory"));
+  }
 }
 
 }  // namespace meshccl

@@ -1,6 +1,7 @@
 #include "meshccl/context.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -67,25 +68,17 @@ CallDesc descOf(const FrameHeader& h) {
   return d;
 }
 
-// Blocking write of a whole buffer on a non-blocking socket, bounded by `deadline`; used only
-// to push an ABORT out while failing. Returns false on error or when the deadline passes.
-bool writeAllUntil(int fd, const char* data, size_t len, double deadline) {
-  while (len > 0) {
-    const ssize_t n = ::send(fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      data += n;
-      len -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
-    const double left = deadline - monotonicSeconds();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLOUT, 0};
-    ::poll(&p, 1, static_cast<int>(std::ceil(left * 1000)));
-  }
-  return true;
+// Spinning on a ring: a pause hint to the core between looks.
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
 }
+
+// How long progress() spins on shared memory before it sleeps in poll() between looks.
+constexpr double kSpinSeconds = 0.05;
 
 }  // namespace
 
@@ -100,6 +93,10 @@ Context::Context(Config config) : config_(std::move(config)) {
   MESHCCL_ENFORCE(config_.token.size() <= kMaxTokenBytes, "job token longer than ", kMaxTokenBytes, " bytes");
   MESHCCL_ENFORCE(config_.segmentBytes >= 4096, "segment size must be >= 4096 bytes");
   MESHCCL_ENFORCE(config_.pipelineDepth >= 1 && config_.pipelineDepth <= 64, "pipeline depth must be 1..64");
+  MESHCCL_ENFORCE(config_.transport == "auto" || config_.transport == "tcp", "transport must be auto or tcp, got '",
+                  config_.transport, "'");
+  MESHCCL_ENFORCE(config_.shmRingBytes >= 4096 && (config_.shmRingBytes & (config_.shmRingBytes - 1)) == 0,
+                  "shared memory ring size must be a power of two >= 4096, got ", config_.shmRingBytes);
   MESHCCL_ENFORCE(config_.algorithm == "auto" || config_.algorithm == "ring" || config_.algorithm == "direct",
                   "algorithm must be auto, ring or direct, got '", config_.algorithm, "'");
   pairs_.assign(static_cast<size_t>(config_.size), nullptr);
@@ -114,6 +111,7 @@ Context::Context(Config config) : config_(std::move(config)) {
     if (p.links.empty()) raise(ErrorKind::kBootstrap, cat("rank ", config_.rank, ": peer rank ", p.rank, " has no link"));
     auto pr = std::make_unique<Pair>();
     pr->peer = p.rank;
+    pr->sameHost = p.sameHost;
     pairs_[p.rank] = pr.get();
     pairStorage_.push_back(std::move(pr));
   }
@@ -182,6 +180,13 @@ int Context::connCount(int peer) const {
   return connected(peer) ? static_cast<int>(pairs_[peer]->conns.size()) : 0;
 }
 
+std::string Context::transport(int peer) const {
+  if (!connected(peer)) return "";
+  size_t shm = 0;
+  for (const auto& c : pairs_[peer]->conns) shm += c->shm ? 1 : 0;
+  return shm == 0 ? "tcp" : shm == pairs_[peer]->conns.size() ? "shm" : "shm+tcp";
+}
+
 void Context::setTimeout(double seconds) {
   MESHCCL_ENFORCE(seconds > 0, "timeout must be > 0 s, got ", seconds);
   config_.timeoutSeconds = seconds;
@@ -200,7 +205,10 @@ void Context::checkHealthy() const {
 
 void Context::close() {
   if (poisoned_) drainAfterFailure();
-  for (auto* c : allConns_) c->fd.reset();
+  for (auto* c : allConns_) {
+    c->fd.reset();
+    c->shm.reset();
+  }
   listeners_.clear();
   closed_ = true;
 }
@@ -305,35 +313,139 @@ void Context::waitAll() {
 
 void Context::progress() {
   if (ioPass()) return;
+  // With shared memory nothing wakes poll() when a ring fills: spin on the rings (yielding the
+  // core, which oversubscribed ranks need), looking at the sockets between rounds; after
+  // kSpinSeconds without progress, sleep a millisecond per look instead of burning the core.
+  const double spinUntil = hasShm_ ? monotonicSeconds() + kSpinSeconds : 0;
   for (;;) {
+    if (hasShm_) {
+      for (int i = 0; i < 64; ++i) {
+        if (i < 8) {
+          cpuRelax();
+        } else {
+          sched_yield();
+        }
+        if (ioPass()) return;
+      }
+    }
     std::vector<pollfd> fds;
     std::vector<Connection*> owners;
     fds.reserve(allConns_.size());
     for (auto* c : allConns_) {
       if (!c->fd) continue;
       short events = 0;
-      if (!c->sendq.empty()) events |= POLLOUT;
-      if (!c->recvq.empty()) events |= POLLIN;
-      // Idle connections are watched too, so an ABORT or a dead peer is noticed while this
-      // rank waits on someone else.
-      if (events == 0 && !c->eof && c->peekIdleOp != opCounter_) events = POLLIN;
+      if (c->shm) {
+        if (!c->peerGone) events = POLLIN;  // only end of stream ever arrives here
+      } else {
+        if (!c->sendq.empty()) events |= POLLOUT;
+        if (!c->recvq.empty()) events |= POLLIN;
+        // Idle connections are watched too, so an ABORT or a dead peer is noticed while this
+        // rank waits on someone else.
+        if (events == 0 && !c->eof && c->peekIdleOp != opCounter_) events = POLLIN;
+      }
       if (events == 0) continue;
       fds.push_back(pollfd{c->fd.get(), events, 0});
       owners.push_back(c);
     }
-    const double left = deadline_ - monotonicSeconds();
+    const double now = monotonicSeconds();
+    const double left = deadline_ - now;
     if (left <= 0) timeoutFail();
-    const int ms = static_cast<int>(std::min(std::ceil(left * 1000), 1000.0 * 3600));
+    int ms = static_cast<int>(std::min(std::ceil(left * 1000), 1000.0 * 3600));
+    if (hasShm_) ms = now < spinUntil ? 0 : 1;
     const int n = ::poll(fds.data(), fds.size(), ms);
     if (n < 0 && errno != EINTR) fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
-    if (n <= 0) continue;  // deadline re-checked above
-    for (size_t i = 0; i < fds.size(); ++i) {
-      Connection& c = *owners[i];
-      if (fds[i].revents == 0) continue;
-      if (c.sendq.empty() && c.recvq.empty()) peek(c);
+    if (n > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        Connection& c = *owners[i];
+        if (fds[i].revents == 0) continue;
+        if (c.shm) {
+          checkLiveness(c);
+        } else if (c.sendq.empty() && c.recvq.empty()) {
+          peek(c);
+        }
+      }
     }
     if (ioPass()) return;
   }
+}
+
+// A shared-memory peer's socket carries nothing after the handshake: readable means closed.
+void Context::checkLiveness(Connection& c) {
+  char b;
+  const ssize_t got = ::recv(c.fd.get(), &b, 1, MSG_DONTWAIT);
+  if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
+  c.peerGone = true;
+  if (c.sendq.empty() && c.recvq.empty()) peek(c);  // an ABORT may be waiting in the ring
+}
+
+ssize_t Context::sendBytes(Connection& c, const iovec* iov, int n) {
+  if (!c.shm) {
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = static_cast<size_t>(n);
+    return ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  if (c.peerGone) {
+    errno = EPIPE;
+    return -1;
+  }
+  const size_t k = c.shm->write(iov, n);
+  if (k == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return static_cast<ssize_t>(k);
+}
+
+ssize_t Context::recvBytes(Connection& c, const iovec* iov, int n) {
+  if (!c.shm) {
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = static_cast<size_t>(n);
+    return ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT);
+  }
+  // Closed is read before the ring: everything written before the close is then visible.
+  const bool closed = c.peerGone || c.shm->peerClosedWrite();
+  const size_t k = c.shm->read(iov, n);
+  if (k > 0) return static_cast<ssize_t>(k);
+  if (closed) return 0;
+  errno = EAGAIN;
+  return -1;
+}
+
+void Context::waitReadable(Connection& c, int ms) {
+  if (c.shm) {
+    sched_yield();
+    return;
+  }
+  pollfd p{c.fd.get(), POLLIN, 0};
+  ::poll(&p, 1, ms);
+}
+
+// Blocking write of a whole buffer, bounded by `deadline`; used only to push an ABORT out
+// while failing. Returns false on error or when the deadline passes.
+bool Context::writeAllUntil(Connection& c, const char* data, size_t len, double deadline) {
+  while (len > 0) {
+    iovec iov{const_cast<char*>(data), len};
+    const ssize_t n = sendBytes(c, &iov, 1);
+    if (n > 0) {
+      data += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    const double left = deadline - monotonicSeconds();
+    if (left <= 0) return false;
+    if (c.shm) {
+      if (c.fd) checkLiveness(c);
+      sched_yield();
+    } else {
+      pollfd p{c.fd.get(), POLLOUT, 0};
+      ::poll(&p, 1, static_cast<int>(std::ceil(left * 1000)));
+    }
+  }
+  return true;
 }
 
 bool Context::ioPass() {
@@ -356,10 +468,7 @@ bool Context::doSend(Connection& c) {
     }
     if (r.done < r.len) iov[n++] = {r.data + r.done, r.len - r.done};
     if (n > 0) {
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(n);
-      const ssize_t sent = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t sent = sendBytes(c, iov, n);
       if (sent < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
         if (errno == EINTR) continue;
@@ -389,19 +498,15 @@ bool Context::doRecv(Connection& c) {
   bool moved = false;
   while (!c.recvq.empty()) {
     Req& r = *c.recvq.front();
-    ssize_t got;
+    iovec iov[2];
+    int n = 0;
     if (r.hdrDone < sizeof(FrameHeader)) {
-      iovec iov[2];
-      int n = 0;
       iov[n++] = {reinterpret_cast<char*>(&r.hdr) + r.hdrDone, sizeof(FrameHeader) - r.hdrDone};
       if (r.len > 0) iov[n++] = {r.data, r.len};
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(n);
-      got = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT);
     } else {
-      got = ::recv(c.fd.get(), r.data + r.done, r.len - r.done, MSG_DONTWAIT);
+      iov[n++] = {r.data + r.done, r.len - r.done};
     }
+    const ssize_t got = recvBytes(c, iov, n);
     if (got < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
       if (errno == EINTR) continue;
@@ -466,7 +571,14 @@ void Context::checkHeader(Connection& c, Req& r) {
 
 void Context::peek(Connection& c) {
   FrameHeader h{};
-  const ssize_t got = ::recv(c.fd.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+  ssize_t got;
+  if (c.shm) {
+    const bool closed = c.peerGone || c.shm->peerClosedWrite();
+    got = static_cast<ssize_t>(c.shm->peek(&h, sizeof(h)));
+    if (got == 0 && !closed) return;
+  } else {
+    got = ::recv(c.fd.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+  }
   if (got == 0) {
     c.eof = true;  // an error only if this rank still needs the peer
     return;
@@ -478,7 +590,11 @@ void Context::peek(Connection& c) {
   }
   if (static_cast<size_t>(got) < sizeof(h)) return;  // header not complete yet
   if (h.magic == (kFrameMagic | kFrameAbort)) {
-    ::recv(c.fd.get(), &h, sizeof(h), MSG_DONTWAIT);
+    if (c.shm) {
+      c.shm->discard(sizeof(h));
+    } else {
+      ::recv(c.fd.get(), &h, sizeof(h), MSG_DONTWAIT);
+    }
     receiveAbort(c, h, nullptr, 0);
   }
   c.peekIdleOp = opCounter_;  // a frame of a later operation: read it then
@@ -490,14 +606,14 @@ void Context::receiveAbort(Connection& c, const FrameHeader& hdr, const char* pr
   const double until = monotonicSeconds() + 2.0;
   while (text.size() < len && monotonicSeconds() < until) {
     char buf[4096];
-    const ssize_t n = ::recv(c.fd.get(), buf, std::min(sizeof(buf), len - text.size()), MSG_DONTWAIT);
+    iovec iov{buf, std::min(sizeof(buf), len - text.size())};
+    const ssize_t n = recvBytes(c, &iov, 1);
     if (n > 0) {
       text.append(buf, static_cast<size_t>(n));
     } else if (n == 0) {
       break;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      pollfd p{c.fd.get(), POLLIN, 0};
-      ::poll(&p, 1, 100);
+      waitReadable(c, 100);
     } else {
       break;
     }
@@ -514,7 +630,7 @@ void Context::sendAborts(ErrorKind kind, const std::string& message) {
     // first so the peer's framing stays intact.
     Connection* pick = nullptr;
     for (auto& c : pr->conns) {
-      if (!c->fd || c->eof) continue;
+      if ((!c->fd && !c->shm) || c->eof) continue;
       const bool clean = c->sendq.empty() || (c->sendq.front()->hdrDone == 0 && c->sendq.front()->done == 0);
       if (clean) {
         pick = c.get();
@@ -527,21 +643,21 @@ void Context::sendAborts(ErrorKind kind, const std::string& message) {
       Req& r = *pick->sendq.front();
       if (r.hdrDone > 0 || r.done > 0) {
         const bool ok =
-            writeAllUntil(pick->fd.get(), reinterpret_cast<char*>(&r.hdr) + r.hdrDone, sizeof(FrameHeader) - r.hdrDone,
-                          until) &&
-            writeAllUntil(pick->fd.get(), r.data + r.done, r.len - r.done, until);
+            writeAllUntil(*pick, reinterpret_cast<char*>(&r.hdr) + r.hdrDone, sizeof(FrameHeader) - r.hdrDone, until) &&
+            writeAllUntil(*pick, r.data + r.done, r.len - r.done, until);
         if (!ok) continue;
       }
     }
     FrameHeader h = makeHeader(kFrameAbort, pr->opIndex, desc_, message.size());
     h.errKind = static_cast<uint8_t>(kind);
-    if (writeAllUntil(pick->fd.get(), reinterpret_cast<const char*>(&h), sizeof(h), until)) {
-      writeAllUntil(pick->fd.get(), message.data(), message.size(), until);
+    if (writeAllUntil(*pick, reinterpret_cast<const char*>(&h), sizeof(h), until)) {
+      writeAllUntil(*pick, message.data(), message.size(), until);
     }
   }
   // The peers read the ABORT, then end-of-stream. The sockets stay open (closing with unread
   // bytes would reset the connection and could discard the ABORT before the peer reads it).
   for (auto* c : allConns_) {
+    if (c->shm) c->shm->closeWrite();
     if (c->fd) ::shutdown(c->fd.get(), SHUT_WR);
     c->sendq.clear();
     c->recvq.clear();

@@ -17,6 +17,9 @@
 // to every connected peer, which forwards it: every rank raises the same named error instead
 // of waiting for bytes that will never come.
 
+#include <sys/types.h>
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -26,6 +29,7 @@
 
 #include "meshccl/error.h"
 #include "meshccl/frame.h"
+#include "meshccl/shm.h"
 #include "meshccl/socket.h"
 #include "meshccl/types.h"
 
@@ -44,6 +48,9 @@ struct PeerSpec {
   // Who opens the connections: 1 this rank (to `links`), 0 the peer (this rank accepts),
   // -1 the higher rank of the two (both ends must agree).
   int initiate = -1;
+  // Both ranks run on one host (the bootstrap knows from the hostfile): with transport "auto"
+  // their connections carry data through shared memory; TCP stays as the liveness signal.
+  bool sameHost = false;
 };
 
 struct Config {
@@ -65,6 +72,8 @@ struct Config {
   int pipelineDepth = 4;            // segments in flight per channel (bounded scratch)
   std::string algorithm = "auto";   // auto | ring | direct (tests and benchmarks force one)
   int socketBufferBytes = 0;        // 0: kernel autotuning
+  std::string transport = "auto";   // auto: shared memory between same-host ranks | tcp: TCP only
+  size_t shmRingBytes = 256 << 10;  // per direction and connection (power of two)
   int logLevel = 1;                 // 0 quiet, 1 rejections and failures, 2 connect progress
 };
 
@@ -92,7 +101,9 @@ struct Req {
 };
 
 struct Connection {
-  Fd fd;
+  Fd fd;                        // TCP; with shm, only the liveness signal (a dead peer closes it)
+  std::unique_ptr<ShmLink> shm;  // same-host peers: the data path
+  bool peerGone = false;         // shm: the peer closed its socket (ring data is still read)
   int peer = -1;
   int index = 0;
   std::string remote;  // address text for messages
@@ -107,6 +118,7 @@ struct Pair {
   std::vector<std::unique_ptr<Connection>> conns;
   uint32_t opIndex = 0;  // operations this pair has taken part in
   uint64_t lastOp = 0;   // context op counter when opIndex was last advanced
+  bool sameHost = false;
 };
 
 class Context {
@@ -124,6 +136,8 @@ class Context {
   const Config& config() const { return config_; }
   bool connected(int peer) const { return peer >= 0 && peer < size() && pairs_[peer] != nullptr; }
   int connCount(int peer) const;
+  // "shm", "tcp", or "shm+tcp" (some connections fell back); "" when not linked.
+  std::string transport(int peer) const;
   double timeout() const { return config_.timeoutSeconds; }
   void setTimeout(double seconds);
 
@@ -153,6 +167,14 @@ class Context {
 
  private:
   void connectAll();
+  void setupSharedMemory();
+  // Transport-neutral byte moves: like sendmsg/recvmsg on a non-blocking socket (-1 with errno
+  // EAGAIN when nothing can move, 0 from recvBytes at end of stream).
+  ssize_t sendBytes(Connection& c, const iovec* iov, int n);
+  ssize_t recvBytes(Connection& c, const iovec* iov, int n);
+  bool writeAllUntil(Connection& c, const char* data, size_t len, double deadline);
+  void waitReadable(Connection& c, int ms);
+  void checkLiveness(Connection& c);
   bool ioPass();
   bool doSend(Connection& c);
   bool doRecv(Connection& c);
@@ -172,6 +194,7 @@ class Context {
   std::vector<std::unique_ptr<Pair>> pairStorage_;
   std::vector<Pair*> pairs_;         // by rank; nullptr where no link
   std::vector<Connection*> allConns_;
+  bool hasShm_ = false;  // some connection is shared memory: progress() spins instead of sleeping
   std::exception_ptr poisoned_;
   bool closed_ = false;
   bool inOp_ = false;

@@ -81,6 +81,7 @@ class Communicator {
   void setTimeout(double s) { ctx().setTimeout(s); }
   int connections(int peer) const { return ctx().connCount(peer); }
   bool linked(int peer) const { return ctx().connected(peer); }
+  std::string transport(int peer) const { return ctx().transport(peer); }
 
   void allReduce(const InArray& in, const OutArray& out, int op, int dtype) {
     size_t n = 0, m = 0;
@@ -175,19 +176,21 @@ class Communicator {
 
 meshccl::Config makeConfig(int rank, int size, const std::string& token,
                            const std::vector<std::pair<std::string, int>>& listen,
-                           const std::vector<std::tuple<int, std::vector<std::pair<std::string, int>>, int>>& peers,
+                           const std::vector<std::tuple<int, std::vector<std::pair<std::string, int>>, int, bool>>& peers,
                            int connsPerLink, double timeout, double connectTimeout, bool complete, bool ring,
                            int ringConns, size_t segmentBytes, size_t smallBytes, int pipelineDepth,
-                           const std::string& algorithm, int socketBuffer, int logLevel) {
+                           const std::string& algorithm, int socketBuffer, int logLevel,
+                           const std::string& transport, size_t shmRingBytes) {
   meshccl::Config c;
   c.rank = rank;
   c.size = size;
   c.token = token;
   for (const auto& [a, p] : listen) c.listen.push_back({a, p});
-  for (const auto& [r, links, initiate] : peers) {
+  for (const auto& [r, links, initiate, sameHost] : peers) {
     meshccl::PeerSpec spec;
     spec.rank = r;
     spec.initiate = initiate;
+    spec.sameHost = sameHost;
     for (const auto& [a, p] : links) spec.links.push_back({a, p});
     c.peers.push_back(std::move(spec));
   }
@@ -203,6 +206,8 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
   c.algorithm = algorithm;
   c.socketBufferBytes = socketBuffer;
   c.logLevel = logLevel;
+  c.transport = transport;
+  c.shmRingBytes = shmRingBytes;
   return c;
 }
 
@@ -246,7 +251,8 @@ NB_MODULE(_meshccl, m) {
 
   m.def("make_config", &makeConfig, "rank"_a, "size"_a, "token"_a, "listen"_a, "peers"_a, "conns_per_link"_a,
         "timeout"_a, "connect_timeout"_a, "complete"_a, "ring"_a, "ring_conns"_a, "segment_bytes"_a,
-        "small_bytes"_a, "pipeline_depth"_a, "algorithm"_a, "socket_buffer"_a, "log_level"_a);
+        "small_bytes"_a, "pipeline_depth"_a, "algorithm"_a, "socket_buffer"_a, "log_level"_a,
+        "transport"_a, "shm_ring_bytes"_a);
   nb::class_<meshccl::Config>(m, "Config");
 
   nb::class_<Communicator>(m, "Communicator")
@@ -256,6 +262,7 @@ NB_MODULE(_meshccl, m) {
       .def_prop_rw("timeout", &Communicator::timeout, &Communicator::setTimeout)
       .def("connections", &Communicator::connections, "peer"_a)
       .def("linked", &Communicator::linked, "peer"_a)
+      .def("transport", &Communicator::transport, "peer"_a)
       .def("all_reduce", &Communicator::allReduce, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)
       .def("all_gather", &Communicator::allGather, "input"_a, "output"_a.noconvert(), "dtype"_a)
       .def("reduce_scatter", &Communicator::reduceScatter, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)

@@ -26,8 +26,12 @@ struct Topology {
   size_t smallBytes = 1024;
   int depth = 3;
   double timeout = 30.0;
+  // Ranks r and j are on one "host" (shared memory) when r / hostRanks == j / hostRanks;
+  // 0: every rank on its own host (TCP only).
+  int hostRanks = 0;
   std::string name() const {
-    return std::string(ring ? "ring" : "mesh") + "_c" + std::to_string(connsPerLink) + "_" + algorithm;
+    return std::string(ring ? "ring" : "mesh") + "_c" + std::to_string(connsPerLink) + "_" + algorithm +
+           (hostRanks > 0 ? "_shm" + std::to_string(hostRanks) : "");
   }
 };
 
@@ -59,7 +63,8 @@ inline Config makeConfig(int rank, int n, const std::vector<int>& ports, const T
   for (int j = 0; j < n; ++j) {
     if (j == rank) continue;
     const bool linked = !t.ring || j == (rank + 1) % n || j == (rank + n - 1) % n;
-    if (linked) c.peers.push_back({j, {{"127.0.0.1", ports[j]}}});
+    const bool sameHost = t.hostRanks > 0 && rank / t.hostRanks == j / t.hostRanks;
+    if (linked) c.peers.push_back({j, {{"127.0.0.1", ports[j]}}, -1, sameHost});
   }
   c.connsPerLink = t.connsPerLink;
   c.complete = !t.ring || n <= 3;

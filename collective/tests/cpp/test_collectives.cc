@@ -209,6 +209,14 @@ std::vector<SweepCase> sweepCases() {
     meshRing.algorithm = "ring";
     meshRing.depth = 2;
     out.push_back({n, meshRing});
+    Topology shm;  // every rank on one host: shared memory everywhere
+    shm.hostRanks = 8;
+    shm.connsPerLink = 2;
+    out.push_back({n, shm});
+    Topology mixed;  // two ranks per host: shared memory inside, TCP between, forced ring
+    mixed.hostRanks = 2;
+    mixed.algorithm = "ring";
+    out.push_back({n, mixed});
   }
   return out;
 }
@@ -219,16 +227,35 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Sweep, ::testing::ValuesIn(sweepCases()),
                          });
 
 // A large buffer through the pipelined paths with realistic segments: exact float sums.
-TEST(Large, FourRanksSixteenMiBBothLayouts) {
-  for (bool ringOnly : {false, true}) {
+TEST(Large, FourRanksSixteenMiBEveryLayout) {
+  for (int layout = 0; layout < 3; ++layout) {
     Topology t;
-    t.ring = ringOnly;
+    t.ring = layout == 1;
+    t.hostRanks = layout == 2 ? 2 : 0;
     t.connsPerLink = 2;
     t.segmentBytes = 256 << 10;
     t.smallBytes = 64 << 10;
     const size_t count = (16u << 20) / 4 + 3;
     test::runRanks(4, t, [&](Context& ctx) { checkAllReduce(ctx, DataType::kFloat32, RedOp::kSum, count, false); });
   }
+}
+
+// Same-host pairs carry their data in shared memory, the others over TCP; transport=tcp
+// keeps everything on TCP.
+TEST(Shm, SameHostPairsUseSharedMemory) {
+  Topology t;
+  t.hostRanks = 2;
+  t.connsPerLink = 2;
+  test::runRanks(4, t, [](Context& ctx) {
+    for (int j = 0; j < 4; ++j) {
+      if (j == ctx.rank()) continue;
+      EXPECT_EQ(ctx.transport(j), j / 2 == ctx.rank() / 2 ? "shm" : "tcp") << ctx.rank() << " -> " << j;
+    }
+    checkAllReduce(ctx, DataType::kFloat32, RedOp::kSum, 100000, false);
+  });
+  test::runRanks(
+      2, t, [](Context& ctx) { EXPECT_EQ(ctx.transport(1 - ctx.rank()), "tcp"); },
+      [](Config& c) { c.transport = "tcp"; });
 }
 
 TEST(Api, MisuseRaisesInvalidArgumentAndLeavesTheContextUsable) {

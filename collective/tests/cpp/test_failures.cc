@@ -99,7 +99,9 @@ TEST_P(Layouts, ARankThatNeverCallsTimesOutEveryOtherRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Failures, Layouts,
-                         ::testing::Values(Topology{}, Topology{true, 2, "auto", 4096, 1024, 3, 30.0}),
+                         ::testing::Values(Topology{}, Topology{true, 2, "auto", 4096, 1024, 3, 30.0},
+                                           Topology{false, 1, "auto", 4096, 1024, 3, 30.0, 8},
+                                           Topology{true, 2, "ring", 4096, 1024, 3, 30.0, 2}),
                          [](const ::testing::TestParamInfo<Topology>& param) { return param.param.name(); });
 
 TEST(Failures, PoisonedContextRaisesTheSameErrorAgain) {

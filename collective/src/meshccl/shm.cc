@@ -1,0 +1,207 @@
+#include "meshccl/shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "meshccl/error.h"
+
+namespace meshccl {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "ring positions must be lock-free to share them");
+
+// Positions count bytes since the start (never wrap in practice: 2^64 bytes).
+struct ShmLink::Ring {
+  alignas(64) std::atomic<uint64_t> head;  // written by the producer
+  alignas(64) std::atomic<uint64_t> tail;  // written by the consumer
+  alignas(64) std::atomic<uint32_t> closed;
+};
+
+namespace {
+
+constexpr uint32_t kSegmentMagic = 0x4d435348u;  // "MCSH"
+constexpr uint32_t kSegmentVersion = 1;
+constexpr size_t kHeaderBytes = 4096;  // segment header + both rings' positions
+
+struct SegmentHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t ringBytes;
+};
+
+size_t iovTotal(const iovec* iov, int n) {
+  size_t t = 0;
+  for (int i = 0; i < n; ++i) t += iov[i].iov_len;
+  return t;
+}
+
+// Copies `len` bytes between the flat stream position `pos` of a ring and a buffer.
+void ringCopyOut(const char* ring, size_t cap, uint64_t pos, char* dst, size_t len) {
+  const size_t at = static_cast<size_t>(pos & (cap - 1));
+  const size_t first = std::min(len, cap - at);
+  std::memcpy(dst, ring + at, first);
+  if (len > first) std::memcpy(dst + first, ring, len - first);
+}
+
+void ringCopyIn(char* ring, size_t cap, uint64_t pos, const char* src, size_t len) {
+  const size_t at = static_cast<size_t>(pos & (cap - 1));
+  const size_t first = std::min(len, cap - at);
+  std::memcpy(ring + at, src, first);
+  if (len > first) std::memcpy(ring, src + first, len - first);
+}
+
+}  // namespace
+
+size_t ShmLink::segmentBytes(size_t ringBytes) { return kHeaderBytes + 2 * ringBytes; }
+
+ShmLink::~ShmLink() {
+  unlink();
+  if (base_ != nullptr) ::munmap(base_, mapped_);
+}
+
+void ShmLink::unlink() {
+  if (!name_.empty()) ::shm_unlink(name_.c_str());
+  name_.clear();
+}
+
+std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, std::string* error) {
+  if (ringBytes < 4096 || (ringBytes & (ringBytes - 1)) != 0) {
+    *error = cat("shared memory ring size ", ringBytes, " is not a power of two >= 4096");
+    return nullptr;
+  }
+  // Short names: macOS allows 31 characters.
+  static std::atomic<uint32_t> counter{0};
+  std::random_device rd;
+  const std::string n = cat("/mccl.", ::getpid(), ".", counter++, ".", rd() % 1000000);
+  const int fd = ::shm_open(n.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    *error = cat("shm_open(", n, "): ", std::strerror(errno));
+    return nullptr;
+  }
+  std::unique_ptr<ShmLink> link(new ShmLink());
+  link->name_ = n;  // unlinked by the destructor unless handed over
+  const size_t bytes = segmentBytes(ringBytes);
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    *error = cat("sizing shared memory ", n, " to ", bytes, " bytes: ", std::strerror(errno));
+    ::close(fd);
+    return nullptr;
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    *error = cat("mapping shared memory ", n, ": ", std::strerror(errno));
+    return nullptr;
+  }
+  link->base_ = base;
+  link->mapped_ = bytes;
+  auto* hdr = static_cast<SegmentHeader*>(base);
+  hdr->magic = kSegmentMagic;
+  hdr->version = kSegmentVersion;
+  hdr->ringBytes = ringBytes;
+  char* b = static_cast<char*>(base);
+  auto* ringA = new (b + 256) Ring{};  // creator -> opener
+  auto* ringB = new (b + 512) Ring{};  // opener -> creator
+  link->tx_ = ringA;
+  link->rx_ = ringB;
+  link->txData_ = b + kHeaderBytes;
+  link->rxData_ = b + kHeaderBytes + ringBytes;
+  link->cap_ = ringBytes;
+  *name = n;
+  return link;
+}
+
+std::unique_ptr<ShmLink> ShmLink::open(const std::string& name, size_t ringBytes, std::string* error) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    *error = cat("shm_open(", name, "): ", std::strerror(errno));
+    return nullptr;
+  }
+  struct stat st {};
+  const size_t bytes = segmentBytes(ringBytes);
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    *error = cat("shared memory ", name, " has ", st.st_size, " bytes, expected ", bytes);
+    ::close(fd);
+    return nullptr;
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    *error = cat("mapping shared memory ", name, ": ", std::strerror(errno));
+    return nullptr;
+  }
+  std::unique_ptr<ShmLink> link(new ShmLink());
+  link->base_ = base;
+  link->mapped_ = bytes;
+  const auto* hdr = static_cast<const SegmentHeader*>(base);
+  if (hdr->magic != kSegmentMagic || hdr->version != kSegmentVersion || hdr->ringBytes != ringBytes) {
+    *error = cat("shared memory ", name, " is not a meshccl segment of this version and size");
+    return nullptr;
+  }
+  char* b = static_cast<char*>(base);
+  link->tx_ = std::launder(reinterpret_cast<Ring*>(b + 512));
+  link->rx_ = std::launder(reinterpret_cast<Ring*>(b + 256));
+  link->txData_ = b + kHeaderBytes + ringBytes;
+  link->rxData_ = b + kHeaderBytes;
+  link->cap_ = ringBytes;
+  return link;
+}
+
+size_t ShmLink::write(const iovec* iov, int iovcnt) {
+  const uint64_t head = tx_->head.load(std::memory_order_relaxed);
+  const uint64_t tail = tx_->tail.load(std::memory_order_acquire);
+  const size_t room = cap_ - static_cast<size_t>(head - tail);
+  const size_t n = std::min(room, iovTotal(iov, iovcnt));
+  if (n == 0) return 0;
+  size_t done = 0;
+  for (int i = 0; i < iovcnt && done < n; ++i) {
+    const size_t k = std::min(iov[i].iov_len, n - done);
+    ringCopyIn(txData_, cap_, head + done, static_cast<const char*>(iov[i].iov_base), k);
+    done += k;
+  }
+  tx_->head.store(head + n, std::memory_order_release);
+  return n;
+}
+
+size_t ShmLink::readable() const {
+  return static_cast<size_t>(rx_->head.load(std::memory_order_acquire) - rx_->tail.load(std::memory_order_relaxed));
+}
+
+size_t ShmLink::read(const iovec* iov, int iovcnt) {
+  const uint64_t tail = rx_->tail.load(std::memory_order_relaxed);
+  const uint64_t head = rx_->head.load(std::memory_order_acquire);
+  const size_t n = std::min(static_cast<size_t>(head - tail), iovTotal(iov, iovcnt));
+  if (n == 0) return 0;
+  size_t done = 0;
+  for (int i = 0; i < iovcnt && done < n; ++i) {
+    const size_t k = std::min(iov[i].iov_len, n - done);
+    ringCopyOut(rxData_, cap_, tail + done, static_cast<char*>(iov[i].iov_base), k);
+    done += k;
+  }
+  rx_->tail.store(tail + n, std::memory_order_release);
+  return n;
+}
+
+size_t ShmLink::peek(void* dst, size_t len) const {
+  const uint64_t tail = rx_->tail.load(std::memory_order_relaxed);
+  const size_t n = std::min(readable(), len);
+  ringCopyOut(rxData_, cap_, tail, static_cast<char*>(dst), n);
+  return n;
+}
+
+void ShmLink::discard(size_t len) {
+  const uint64_t tail = rx_->tail.load(std::memory_order_relaxed);
+  rx_->tail.store(tail + std::min(len, readable()), std::memory_order_release);
+}
+
+void ShmLink::closeWrite() { tx_->closed.store(1, std::memory_order_release); }
+
+bool ShmLink::peerClosedWrite() const { return rx_->closed.load(std::memory_order_acquire) != 0; }
+
+}  // namespace meshccl

@@ -1,0 +1,65 @@
+#pragma once
+
+// Shared memory between two ranks on one host: a segment with two single-producer,
+// single-consumer byte rings, one per direction. A ring is a byte stream like a TCP
+// connection, so the engine's framing, mismatch checks and ABORT forwarding work on it
+// unchanged; it just moves bytes with memcpy instead of through the kernel.
+//
+// Lifetime: the lower rank of the pair creates the segment (shm_open, O_EXCL, mode 0600) and
+// names it to the peer over their already authenticated TCP connection; the peer maps it and
+// answers; the creator then unlinks the name, so nothing is left in /dev/shm even if a rank is
+// killed later. The TCP connection stays open as the liveness signal: a rank that dies closes
+// it, which the peer sees (a ring cannot tell a dead writer from a slow one).
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace meshccl {
+
+class ShmLink {
+ public:
+  ~ShmLink();
+  ShmLink(const ShmLink&) = delete;
+  ShmLink& operator=(const ShmLink&) = delete;
+
+  // Creates and maps a new segment with two rings of `ringBytes` (a power of two >= 4096);
+  // `name` receives the name to hand to the peer. Returns nullptr (and `error`) on failure.
+  static std::unique_ptr<ShmLink> create(size_t ringBytes, std::string* name, std::string* error);
+  // Maps the peer's segment; this end writes the ring the creator reads.
+  static std::unique_ptr<ShmLink> open(const std::string& name, size_t ringBytes, std::string* error);
+  // Removes the name (creator only; the mapping stays).
+  void unlink();
+
+  // Copies as many bytes of the iovecs as fit into the outgoing ring; returns the count.
+  size_t write(const iovec* iov, int iovcnt);
+  // Copies as many bytes as are available (up to the iovecs' total) out of the incoming ring.
+  size_t read(const iovec* iov, int iovcnt);
+  // Copies up to `len` available bytes without consuming them.
+  size_t peek(void* dst, size_t len) const;
+  size_t readable() const;
+  void discard(size_t len);
+  // End of stream for the peer once it has read what is in the ring (like shutdown(SHUT_WR)).
+  void closeWrite();
+  bool peerClosedWrite() const;
+
+ private:
+  struct Ring;
+  ShmLink() = default;
+  static size_t segmentBytes(size_t ringBytes);
+
+  void* base_ = nullptr;
+  size_t mapped_ = 0;
+  Ring* tx_ = nullptr;
+  Ring* rx_ = nullptr;
+  char* txData_ = nullptr;
+  char* rxData_ = nullptr;
+  size_t cap_ = 0;
+  std::string name_;  // non-empty while this end still has to unlink it
+};
+
+}  // namespace meshccl
