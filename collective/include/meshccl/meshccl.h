@@ -78,6 +78,7 @@ typedef struct {
   int log_level;
   const char* transport; /* "auto" (shared memory between same-host ranks) or "tcp" */
   size_t shm_ring_bytes; /* per direction and connection, a power of two */
+  size_t shm_segment_bytes; /* pipeline segment when every rank is on one host; 0: segment_bytes */
 } meshccl_config;
 
 typedef struct meshccl_comm meshccl_comm;

@@ -61,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "socket_buffer": 0,  # 0: kernel autotuning
     "transport": "auto",  # auto: shared memory between ranks of one host | tcp
     "shm_ring_bytes": 256 << 10,  # per direction and connection (power of two)
+    "shm_segment_bytes": 64 << 10,  # segment when all ranks share one host (0: segment_bytes)
     "log_level": 1,
 }
 
@@ -132,6 +133,7 @@ class Communicator:
             int(opts["log_level"]),
             str(opts["transport"]),
             int(opts["shm_ring_bytes"]),
+            int(opts["shm_segment_bytes"]),
         )
         self.plan = plan
         self._native = _Native(config)
@@ -221,7 +223,7 @@ def init(env: dict[str, str] | None = None, **options: Any) -> Communicator:
 
     Options (keyword or MESHCCL_<NAME> in the environment): timeout, connect_timeout,
     conns_per_link, algorithm, segment_bytes, small_bytes, pipeline_depth, socket_buffer,
-    transport, shm_ring_bytes, log_level. The job token comes from MESHCCL_TOKEN (never logged).
+    transport, shm_ring_bytes, shm_segment_bytes, log_level. The job token comes from MESHCCL_TOKEN (never logged).
     """
     env = dict(os.environ if env is None else env)
     opts = {**_env_options(env), **options}

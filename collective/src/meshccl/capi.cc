@@ -56,6 +56,7 @@ void meshccl_config_init(meshccl_config* c) {
   c->log_level = d.logLevel;
   c->transport = "auto";
   c->shm_ring_bytes = d.shmRingBytes;
+  c->shm_segment_bytes = d.shmSegmentBytes;
 }
 
 int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error, size_t errorLen) {
@@ -98,6 +99,7 @@ int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error
     cfg.logLevel = c->log_level;
     cfg.transport = c->transport != nullptr ? c->transport : "auto";
     cfg.shmRingBytes = c->shm_ring_bytes;
+    cfg.shmSegmentBytes = c->shm_segment_bytes;
     auto comm = std::make_unique<meshccl_comm>();
     comm->ctx = std::make_unique<meshccl::Context>(std::move(cfg));
     *out = comm.release();

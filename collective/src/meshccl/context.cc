@@ -99,6 +99,12 @@ Context::Context(Config config) : config_(std::move(config)) {
                   "shared memory ring size must be a power of two >= 4096, got ", config_.shmRingBytes);
   MESHCCL_ENFORCE(config_.algorithm == "auto" || config_.algorithm == "ring" || config_.algorithm == "direct",
                   "algorithm must be auto, ring or direct, got '", config_.algorithm, "'");
+  bool allLocal = config_.size > 1 && config_.transport == "auto" && config_.shmSegmentBytes > 0;
+  for (const auto& p : config_.peers) allLocal = allLocal && p.sameHost;
+  if (allLocal) {
+    MESHCCL_ENFORCE(config_.shmSegmentBytes >= 4096, "shared-memory segment size must be >= 4096 bytes");
+    config_.segmentBytes = config_.shmSegmentBytes;  // the same on every rank: all share one host
+  }
   pairs_.assign(static_cast<size_t>(config_.size), nullptr);
   for (const auto& p : config_.peers) {
     if (p.rank < 0 || p.rank >= config_.size || p.rank == config_.rank) {

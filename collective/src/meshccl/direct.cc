@@ -26,6 +26,8 @@ namespace meshccl::algo {
 
 namespace {
 
+constexpr size_t kMinSplitBytes = 16 << 10;
+
 size_t segCap(const Config& cfg, size_t esize) { return std::max<size_t>(1, cfg.segmentBytes / esize); }
 
 class DirectReduceScatter final : public Req::Handler {
@@ -49,6 +51,11 @@ class DirectReduceScatter final : public Req::Handler {
     for (size_t e : elems_) maxElems = std::max(maxElems, e);
     const size_t cap = segCap(ctx.config(), esize_);
     segs_ = std::max<size_t>(1, (maxElems + cap - 1) / cap);
+    // At least one segment per connection of a link, so a chunk smaller than a segment still
+    // travels on all of them at once (not below kMinSplitBytes per segment).
+    const size_t spread = std::min<size_t>(static_cast<size_t>(ctx.config().connsPerLink),
+                                           maxElems * esize_ / kMinSplitBytes);
+    segs_ = std::max(segs_, spread);
     slotBytes_ = std::min(cap, std::max<size_t>(maxElems, 1)) * esize_;
     scratch_ = ctx.scratch(static_cast<size_t>(n_) * depth_ * slotBytes_);
     contributions_.assign(segs_, 0);

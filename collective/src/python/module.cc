@@ -180,7 +180,7 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
                            int connsPerLink, double timeout, double connectTimeout, bool complete, bool ring,
                            int ringConns, size_t segmentBytes, size_t smallBytes, int pipelineDepth,
                            const std::string& algorithm, int socketBuffer, int logLevel,
-                           const std::string& transport, size_t shmRingBytes) {
+                           const std::string& transport, size_t shmRingBytes, size_t shmSegmentBytes) {
   meshccl::Config c;
   c.rank = rank;
   c.size = size;
@@ -208,6 +208,7 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
   c.logLevel = logLevel;
   c.transport = transport;
   c.shmRingBytes = shmRingBytes;
+  c.shmSegmentBytes = shmSegmentBytes;
   return c;
 }
 
@@ -252,7 +253,7 @@ NB_MODULE(_meshccl, m) {
   m.def("make_config", &makeConfig, "rank"_a, "size"_a, "token"_a, "listen"_a, "peers"_a, "conns_per_link"_a,
         "timeout"_a, "connect_timeout"_a, "complete"_a, "ring"_a, "ring_conns"_a, "segment_bytes"_a,
         "small_bytes"_a, "pipeline_depth"_a, "algorithm"_a, "socket_buffer"_a, "log_level"_a,
-        "transport"_a, "shm_ring_bytes"_a);
+        "transport"_a, "shm_ring_bytes"_a, "shm_segment_bytes"_a);
   nb::class_<meshccl::Config>(m, "Config");
 
   nb::class_<Communicator>(m, "Communicator")

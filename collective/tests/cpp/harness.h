@@ -72,6 +72,7 @@ inline Config makeConfig(int rank, int n, const std::vector<int>& ports, const T
   c.ringConns = t.connsPerLink;
   c.algorithm = t.algorithm;
   c.segmentBytes = t.segmentBytes;
+  c.shmSegmentBytes = t.segmentBytes;
   c.smallBytes = t.smallBytes;
   c.pipelineDepth = t.depth;
   c.timeoutSeconds = t.timeout;
