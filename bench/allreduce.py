@@ -99,23 +99,6 @@ def write_json(path: Path, data: Any) -> str:
 # --- how each library is started ------------------------------------------------------------
 
 
-def meshccl_local_hostfile(n: int, port: int) -> dict[str, Any]:
-    """All ranks on one host: ranks meet on 127.0.0.1 (shared memory where meshccl has it)."""
-    return {
-        "format": "meshccl-hostfile",
-        "version": 1,
-        "world_size": n,
-        "ranks_per_host": n,
-        "ring": ["local"],
-        "mesh": False,
-        "hosts": {"local": {"management": "127.0.0.1", "ranks": list(range(n))}},
-        "ranks": [
-            {"rank": r, "host": "local", "node_rank": 0, "local_rank": r, "port": port + r, "links": []}
-            for r in range(n)
-        ],
-    }
-
-
 def meshccl_tcp_hostfile(n: int, port: int) -> dict[str, Any]:
     """Every rank its own "host", every pair cabled over its own loopback addresses: TCP only.
 
@@ -166,8 +149,10 @@ def mpirun_argv(n: int, btl: list[str], ctl: str, job: str) -> list[str]:
 def loopback_launch(lib: str, n: int, ctl: str, job: str, tmp: Path) -> Launch:
     token = secrets.token_hex(16)
     if lib in ("meshccl", "meshccl-tcp"):
+        from meshccl.bootstrap import one_host_hostfile  # here: a missing meshccl fails this library only
+
         port = free_ports(n)
-        data = meshccl_local_hostfile(n, port) if lib == "meshccl" else meshccl_tcp_hostfile(n, port)
+        data = one_host_hostfile(n, port) if lib == "meshccl" else meshccl_tcp_hostfile(n, port)
         path = write_json(tmp / f"{job}.meshccl.json", data)
         env = {"MESHCCL_HOSTFILE": path, "MESHCCL_TOKEN": token}
         procs = [Proc(worker_argv("meshccl", ctl, job), {**env, "MESHCCL_RANK": str(r)}) for r in range(n)]

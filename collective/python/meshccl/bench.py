@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import meshccl
+from meshccl.bootstrap import one_host_hostfile
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv")
 NP_TYPES = {
@@ -243,19 +244,7 @@ def local(args: argparse.Namespace, argv: list[str]) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         base = s.getsockname()[1]
-    ranks = [
-        {"rank": r, "host": "local", "node_rank": 0, "local_rank": r, "port": base + r, "links": []} for r in range(n)
-    ]
-    hostfile = {
-        "format": "meshccl-hostfile",
-        "version": 1,
-        "world_size": n,
-        "ranks_per_host": n,
-        "ring": ["local"],
-        "mesh": False,
-        "hosts": {"local": {"management": "127.0.0.1", "ranks": list(range(n))}},
-        "ranks": ranks,
-    }
+    hostfile = one_host_hostfile(n, base)
     rest = [a for i, a in enumerate(argv) if a != "--local" and (i == 0 or argv[i - 1] != "--local")]
     rest = [a for a in rest if not a.startswith("--local=")]
     with tempfile.TemporaryDirectory() as tmp:

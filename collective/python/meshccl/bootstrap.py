@@ -177,6 +177,24 @@ def plan_from_meshccl_hostfile(data: dict[str, Any], rank: int, source: str = "h
     return Plan(rank, size, listen, peers, complete, ring, ring_links, source, same_host)
 
 
+def one_host_hostfile(n: int, base_port: int, host: str = "local") -> dict[str, Any]:
+    """A meshccl.json for n ranks on this one host (ports base_port..+n-1): every pair meets on
+    127.0.0.1 and moves data through shared memory. For local runs and benchmarks."""
+    return {
+        "format": MESHCCL_FORMAT,
+        "version": MESHCCL_VERSION,
+        "world_size": n,
+        "ranks_per_host": n,
+        "ring": [host],
+        "mesh": False,
+        "hosts": {host: {"management": "127.0.0.1", "ranks": list(range(n))}},
+        "ranks": [
+            {"rank": r, "host": host, "node_rank": 0, "local_rank": r, "port": base_port + r, "links": []}
+            for r in range(n)
+        ],
+    }
+
+
 # --- MLX ring hostfile ----------------------------------------------------------------------
 
 

@@ -61,6 +61,18 @@ void ringCopyIn(char* ring, size_t cap, uint64_t pos, const char* src, size_t le
 
 size_t ShmLink::segmentBytes(size_t ringBytes) { return kHeaderBytes + 2 * ringBytes; }
 
+bool ShmLink::map(int fd, size_t bytes, const std::string& name, std::string* error) {
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);  // the mapping keeps the segment
+  if (base == MAP_FAILED) {
+    *error = cat("mapping shared memory ", name, ": ", std::strerror(errno));
+    return false;
+  }
+  base_ = base;
+  mapped_ = bytes;
+  return true;
+}
+
 ShmLink::~ShmLink() {
   unlink();
   if (base_ != nullptr) ::munmap(base_, mapped_);
@@ -93,14 +105,8 @@ std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, st
     ::close(fd);
     return nullptr;
   }
-  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED) {
-    *error = cat("mapping shared memory ", n, ": ", std::strerror(errno));
-    return nullptr;
-  }
-  link->base_ = base;
-  link->mapped_ = bytes;
+  if (!link->map(fd, bytes, n, error)) return nullptr;
+  void* base = link->base_;
   auto* hdr = static_cast<SegmentHeader*>(base);
   hdr->magic = kSegmentMagic;
   hdr->version = kSegmentVersion;
@@ -130,15 +136,9 @@ std::unique_ptr<ShmLink> ShmLink::open(const std::string& name, size_t ringBytes
     ::close(fd);
     return nullptr;
   }
-  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (base == MAP_FAILED) {
-    *error = cat("mapping shared memory ", name, ": ", std::strerror(errno));
-    return nullptr;
-  }
   std::unique_ptr<ShmLink> link(new ShmLink());
-  link->base_ = base;
-  link->mapped_ = bytes;
+  if (!link->map(fd, bytes, name, error)) return nullptr;
+  void* base = link->base_;
   const auto* hdr = static_cast<const SegmentHeader*>(base);
   if (hdr->magic != kSegmentMagic || hdr->version != kSegmentVersion || hdr->ringBytes != ringBytes) {
     *error = cat("shared memory ", name, " is not a meshccl segment of this version and size");

@@ -51,6 +51,7 @@ class ShmLink {
   struct Ring;
   ShmLink() = default;
   static size_t segmentBytes(size_t ringBytes);
+  bool map(int fd, size_t bytes, const std::string& name, std::string* error);  // closes fd
 
   void* base_ = nullptr;
   size_t mapped_ = 0;
