@@ -25,6 +25,13 @@ def assert_all_ok(results):
         assert code == 0 and "OK" in out, f"rank {r} exit {code}\nstdout: {out}\nstderr: {err}"
 
 
+def four_rank_hostfile(tmp_path: Path, layout: str) -> Path:
+    """ring4 / mesh4: four hosts cabled so; local4: four ranks on one host."""
+    if layout == "local4":
+        return h.loopback_hostfile(tmp_path, 4)
+    return h.meshccl_hostfile(tmp_path, RING4 if layout == "ring4" else MESH4, 4)
+
+
 def test_the_package_imports():
     done = subprocess.run(
         [sys.executable, "-c", "import meshccl; print(meshccl.DTYPES)"], capture_output=True, text=True, check=False
@@ -35,10 +42,7 @@ def test_the_package_imports():
 
 @pytest.mark.parametrize("layout", ["ring4", "mesh4", "local4"])
 def test_four_processes_all_reduce_64_mib_exactly(tmp_path, layout):
-    if layout == "local4":
-        path = h.loopback_hostfile(tmp_path, 4)
-    else:
-        path = h.meshccl_hostfile(tmp_path, RING4 if layout == "ring4" else MESH4, 4)
+    path = four_rank_hostfile(tmp_path, layout)
     assert_all_ok(h.finish(h.spawn(4, "sum64", h.hostfile_env(path))))
 
 
@@ -143,6 +147,20 @@ def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 60) -> Non
     raise AssertionError(f"no {text!r} within {timeout} s")
 
 
+def start_looping(path: Path, timeout: float) -> list[subprocess.Popen]:
+    """Four ranks in a loop of 16 MiB all_reduces, returned once each has done three."""
+    procs = h.spawn(4, "loop", lambda r: {**h.hostfile_env(path)(r), "MESHCCL_TIMEOUT": str(timeout)})
+    try:
+        for p in procs:
+            wait_for_line(p, "iteration 2")
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.communicate()
+        raise
+    return procs
+
+
 def shm_names(pids) -> list[str]:
     """Shared-memory segments meshccl created (named after the creating pid) still in /dev/shm."""
     shm = Path("/dev/shm")
@@ -151,12 +169,10 @@ def shm_names(pids) -> list[str]:
 
 @pytest.mark.parametrize("layout", ["ring4", "local4"])
 def test_sigkill_of_a_rank_mid_all_reduce_makes_every_other_rank_raise(tmp_path, layout):
-    path = h.meshccl_hostfile(tmp_path, RING4, 4) if layout == "ring4" else h.loopback_hostfile(tmp_path, 4)
+    path = four_rank_hostfile(tmp_path, layout)
     timeout = 10.0
-    procs = h.spawn(4, "loop", lambda r: {**h.hostfile_env(path)(r), "MESHCCL_TIMEOUT": str(timeout)})
+    procs = start_looping(path, timeout)
     try:
-        for p in procs:
-            wait_for_line(p, "iteration 2")
         killed_at = time.monotonic()
         procs[2].send_signal(signal.SIGKILL)
         results = h.finish(procs, timeout=timeout + 20)
@@ -177,12 +193,10 @@ def test_sigkill_of_a_rank_mid_all_reduce_makes_every_other_rank_raise(tmp_path,
 
 @pytest.mark.parametrize("layout", ["ring4", "local4"])
 def test_sigstop_of_a_rank_times_out_every_other_rank(tmp_path, layout):
-    path = h.meshccl_hostfile(tmp_path, RING4, 4) if layout == "ring4" else h.loopback_hostfile(tmp_path, 4)
+    path = four_rank_hostfile(tmp_path, layout)
     timeout = 3.0
-    procs = h.spawn(4, "loop", lambda r: {**h.hostfile_env(path)(r), "MESHCCL_TIMEOUT": str(timeout)})
+    procs = start_looping(path, timeout)
     try:
-        for p in procs:
-            wait_for_line(p, "iteration 2")
         stopped_at = time.monotonic()
         procs[1].send_signal(signal.SIGSTOP)
         survivors = h.finish([procs[0], procs[2], procs[3]], timeout=timeout + 20)
@@ -198,10 +212,7 @@ def test_sigstop_of_a_rank_times_out_every_other_rank(tmp_path, layout):
 
 @pytest.mark.parametrize("layout", ["ring4", "mesh4", "local4"])
 def test_float32_against_int32_raises_on_every_rank(tmp_path, layout):
-    if layout == "local4":
-        path = h.loopback_hostfile(tmp_path, 4)
-    else:
-        path = h.meshccl_hostfile(tmp_path, RING4 if layout == "ring4" else MESH4, 4)
+    path = four_rank_hostfile(tmp_path, layout)
     results = h.finish(h.spawn(4, "mismatch", h.hostfile_env(path)), timeout=60)
     for r, (code, out, err) in enumerate(results):
         assert code == 3, f"rank {r}: {out} {err}"
