@@ -66,14 +66,15 @@ def loopback_hostfile(tmp: Path, n: int) -> Path:
     return path
 
 
-def spawn(n: int, scenario: str, env_of, *args: str) -> list[subprocess.Popen]:
-    """n worker processes; env_of(rank) gives each one's extra environment."""
+def spawn(n: int, scenario: str, env_of, *args: str, wrap=None) -> list[subprocess.Popen]:
+    """n worker processes; env_of(rank) gives each one's extra environment, wrap(rank) a
+    command line to run the worker under (e.g. unshare)."""
     procs = []
     for r in range(n):
         env = {**os.environ, "MESHCCL_TOKEN": "job-secret-7", "MESHCCL_LOG_LEVEL": "1", **env_of(r)}
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), scenario, *args],
+                [*(wrap(r) if wrap else []), sys.executable, str(WORKER), scenario, *args],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

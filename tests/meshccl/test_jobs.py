@@ -91,17 +91,27 @@ def transports(results) -> list[dict[int, str]]:
     return out
 
 
+def single_copy(results) -> list[bool]:
+    """Per rank, whether it could read every peer's memory (the "transports" scenario)."""
+    assert_all_ok(results)
+    return [
+        next(x for x in out.splitlines() if x.startswith("SINGLE_COPY")).split()[1] == "True" for _, out, _ in results
+    ]
+
+
 def test_ranks_of_one_host_share_memory_and_hosts_talk_tcp(tmp_path):
     # One host: every pair in shared memory.
     path = h.loopback_hostfile(tmp_path, 4)
-    got = transports(h.finish(h.spawn(4, "transports", h.hostfile_env(path))))
-    assert got == [{q: "shm" for q in range(4) if q != r} for r in range(4)]
+    results = h.finish(h.spawn(4, "transports", h.hostfile_env(path)))
+    assert transports(results) == [{q: "shm" for q in range(4) if q != r} for r in range(4)]
+    assert single_copy(results) == [True] * 4
     # Four hosts in a ring, two ranks each: the host's two ranks share memory, cables are TCP.
     path = h.meshccl_hostfile(tmp_path, RING4, 4, 2)
     distinct_host_ports(path, 2)
     hosts = {x["rank"]: x["host"] for x in json.loads(path.read_text())["ranks"]}
-    got = transports(h.finish(h.spawn(8, "transports", h.hostfile_env(path))))
-    for r, links in enumerate(got):
+    results = h.finish(h.spawn(8, "transports", h.hostfile_env(path)))
+    assert single_copy(results) == [False] * 8  # only where every rank shares one host
+    for r, links in enumerate(transports(results)):
         assert links, f"rank {r} has no links"
         for q, t in links.items():
             assert t == ("shm" if hosts[q] == hosts[r] else "tcp"), (r, q, t, hosts)
@@ -109,8 +119,27 @@ def test_ranks_of_one_host_share_memory_and_hosts_talk_tcp(tmp_path):
     # transport=tcp keeps one host's ranks on loopback TCP.
     path = h.loopback_hostfile(tmp_path, 2)
     env = h.hostfile_env(path)
-    got = transports(h.finish(h.spawn(2, "transports", lambda r: {**env(r), "MESHCCL_TRANSPORT": "tcp"})))
-    assert got == [{1: "tcp"}, {0: "tcp"}]
+    results = h.finish(h.spawn(2, "transports", lambda r: {**env(r), "MESHCCL_TRANSPORT": "tcp"}))
+    assert transports(results) == [{1: "tcp"}, {0: "tcp"}]
+    assert single_copy(results) == [False, False]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unshare --pid needs root")
+def test_a_rank_in_another_pid_namespace_falls_back_to_copying_through_shared_memory(tmp_path):
+    # Rank 1 runs in its own pid namespace: its pid means nothing to rank 0 and rank 0's pid
+    # nothing to it, so neither can read the other's memory. Both must find that out at
+    # connect time, say so, and still reduce exactly (through the rings).
+    path = h.loopback_hostfile(tmp_path, 2)
+    results = h.finish(
+        h.spawn(2, "transports", h.hostfile_env(path), wrap=lambda r: ["unshare", "--pid", "--fork"] if r == 1 else [])
+    )
+    assert transports(results) == [{1: "shm"}, {0: "shm"}]
+    assert single_copy(results) == [False, False]
+    for r, (_, _, err) in enumerate(results):
+        assert f"rank {r}: cannot read rank {1 - r}'s memory" in err, err
+    assert_all_ok(
+        h.finish(h.spawn(2, "sum64", h.hostfile_env(path), wrap=lambda r: ["unshare", "--pid", "--fork"] if r else []))
+    )
 
 
 def test_mlx_ring_hostfile_bootstrap(tmp_path):

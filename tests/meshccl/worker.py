@@ -117,6 +117,7 @@ def main() -> int:
             assert (x == n * (n + 1) / 2).all(), x[:4]
             links = {q: comm.transport(q) for q in range(n) if q != r and comm.transport(q)}
             print("TRANSPORTS " + " ".join(f"{q}:{t}" for q, t in sorted(links.items())), flush=True)
+            print(f"SINGLE_COPY {comm.single_copy}", flush=True)
         elif scenario == "barrier":
             comm.barrier()
         elif scenario == "torch":

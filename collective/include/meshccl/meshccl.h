@@ -79,6 +79,7 @@ typedef struct {
   const char* transport; /* "auto" (shared memory between same-host ranks) or "tcp" */
   size_t shm_ring_bytes; /* per direction and connection, a power of two */
   size_t shm_segment_bytes; /* pipeline segment when every rank is on one host; 0: segment_bytes */
+  size_t single_copy_bytes; /* every rank on one host: from this size read peers' buffers directly; 0: never */
 } meshccl_config;
 
 typedef struct meshccl_comm meshccl_comm;

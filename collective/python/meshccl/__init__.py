@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "transport": "auto",  # auto: shared memory between ranks of one host | tcp
     "shm_ring_bytes": 256 << 10,  # per direction and connection (power of two)
     "shm_segment_bytes": 64 << 10,  # segment when all ranks share one host (0: segment_bytes)
+    "single_copy_bytes": 256 << 10,  # all ranks on one host: read peers' buffers directly from here (0: never)
     "log_level": 1,
 }
 
@@ -134,6 +135,7 @@ class Communicator:
             str(opts["transport"]),
             int(opts["shm_ring_bytes"]),
             int(opts["shm_segment_bytes"]),
+            int(opts["single_copy_bytes"]),
         )
         self.plan = plan
         self._native = _Native(config)
@@ -157,6 +159,13 @@ class Communicator:
     def transport(self, peer: int) -> str:
         """How this rank reaches `peer`: "shm", "tcp", "shm+tcp" (partly fell back), "" if not linked."""
         return str(self._native.transport(peer))
+
+    @property
+    def single_copy(self) -> bool:
+        """Every peer shares this host and this rank can read its memory: calls from
+        ``single_copy_bytes`` up copy each byte once, straight out of the peer's buffer (when
+        every rank can)."""
+        return bool(self._native.single_copy)
 
     def all_reduce(self, x: Any, op: str = "sum", out: Any = None, dtype: str | None = None) -> Any:
         """Reduces x over all ranks into out (default: x itself, in place); returns the result."""
@@ -223,7 +232,8 @@ def init(env: dict[str, str] | None = None, **options: Any) -> Communicator:
 
     Options (keyword or MESHCCL_<NAME> in the environment): timeout, connect_timeout,
     conns_per_link, algorithm, segment_bytes, small_bytes, pipeline_depth, socket_buffer,
-    transport, shm_ring_bytes, shm_segment_bytes, log_level. The job token comes from MESHCCL_TOKEN (never logged).
+    transport, shm_ring_bytes, shm_segment_bytes, single_copy_bytes, log_level. The job token
+    comes from MESHCCL_TOKEN (never logged).
     """
     env = dict(os.environ if env is None else env)
     opts = {**_env_options(env), **options}

@@ -14,6 +14,8 @@
 //             vector to every peer and reduces all of them in rank order — one step; every rank
 //             computes the identical result because the order is the same everywhere.
 //   chain     broadcast along the ring, both directions, pipelined.
+//   single copy  every rank on one host: read the peers' buffers straight out of their memory
+//             (process_vm_readv), one copy per byte instead of two through a ring.
 
 #include <cstddef>
 
@@ -45,6 +47,13 @@ void directReduceScatter(Context& ctx, const Buffers& b);
 // broadcast of dst (count elements) from root.
 void chainBroadcast(Context& ctx, char* buf, size_t bytes, int root, bool bothDirections);
 void directBroadcast(Context& ctx, char* buf, size_t bytes, int root);
+
+// Single copy (every rank on this host, Context::allOnHost): false, on every rank alike, when
+// some rank cannot read its peers' memory; the caller then takes another algorithm.
+bool singleCopyAllReduce(Context& ctx, const Buffers& b);
+bool singleCopyReduceScatter(Context& ctx, const Buffers& b);
+bool singleCopyAllGather(Context& ctx, const Buffers& b);
+bool singleCopyBroadcast(Context& ctx, char* buf, size_t bytes, int root);
 
 // Posts a send (or receive) of `bytes` at `data` with `peer`, cut into segments striped over
 // the pair's connections; both ends cut the same way.

@@ -57,6 +57,7 @@ void meshccl_config_init(meshccl_config* c) {
   c->transport = "auto";
   c->shm_ring_bytes = d.shmRingBytes;
   c->shm_segment_bytes = d.shmSegmentBytes;
+  c->single_copy_bytes = d.singleCopyBytes;
 }
 
 int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error, size_t errorLen) {
@@ -100,6 +101,7 @@ int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error
     cfg.transport = c->transport != nullptr ? c->transport : "auto";
     cfg.shmRingBytes = c->shm_ring_bytes;
     cfg.shmSegmentBytes = c->shm_segment_bytes;
+    cfg.singleCopyBytes = c->single_copy_bytes;
     auto comm = std::make_unique<meshccl_comm>();
     comm->ctx = std::make_unique<meshccl::Context>(std::move(cfg));
     *out = comm.release();

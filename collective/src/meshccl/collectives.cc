@@ -58,6 +58,13 @@ int ringChannels(const Context& ctx) {
 
 enum class Path { kSmall, kDirect, kRingSmall, kRing };
 
+// Large calls with every rank on this host read the peers' buffers directly (if every rank
+// can: the algorithm falls back otherwise). The same answer on every rank.
+bool trySingleCopy(const Context& ctx, size_t bytes) {
+  const Config& cfg = ctx.config();
+  return ctx.allOnHost() && cfg.algorithm == "auto" && cfg.singleCopyBytes > 0 && bytes >= cfg.singleCopyBytes;
+}
+
 Path choose(const Context& ctx, size_t bytes) {
   const Config& cfg = ctx.config();
   const bool small = bytes <= cfg.smallBytes;
@@ -83,6 +90,7 @@ void allReduce(Context& ctx, const void* send, void* recv, size_t count, DataTyp
   }
   OpScope scope(ctx, call(Collective::kAllReduce, dtype, op, count));
   const algo::Buffers b{static_cast<const char*>(send), static_cast<char*>(recv), count, dtype, op};
+  if (trySingleCopy(ctx, bytes) && algo::singleCopyAllReduce(ctx, b)) return;
   switch (choose(ctx, bytes)) {
     case Path::kSmall: return algo::smallAllReduce(ctx, b);
     case Path::kDirect: return algo::directAllReduce(ctx, b);
@@ -107,6 +115,7 @@ void allGather(Context& ctx, const void* send, void* recv, size_t count, DataTyp
   }
   OpScope scope(ctx, call(Collective::kAllGather, dtype, RedOp::kSum, count));
   const algo::Buffers b{static_cast<const char*>(send), static_cast<char*>(recv), count, dtype, RedOp::kSum};
+  if (trySingleCopy(ctx, total) && algo::singleCopyAllGather(ctx, b)) return;
   if (ctx.config().complete && ctx.config().algorithm != "ring") return algo::directAllGather(ctx, b);
   const bool small = total <= ctx.config().smallBytes;
   algo::ringAllGather(ctx, b, small ? 1 : ringChannels(ctx), !small);
@@ -128,6 +137,7 @@ void reduceScatter(Context& ctx, const void* send, void* recv, size_t count, Dat
   }
   OpScope scope(ctx, call(Collective::kReduceScatter, dtype, op, count));
   const algo::Buffers b{static_cast<const char*>(send), static_cast<char*>(recv), count, dtype, op};
+  if (trySingleCopy(ctx, total) && algo::singleCopyReduceScatter(ctx, b)) return;
   if (ctx.config().complete && ctx.config().algorithm != "ring") return algo::directReduceScatter(ctx, b);
   const bool small = total <= ctx.config().smallBytes;
   algo::ringReduceScatter(ctx, b, small ? 1 : ringChannels(ctx), !small);
@@ -142,6 +152,7 @@ void broadcast(Context& ctx, void* buf, size_t count, DataType dtype, int root) 
   ctx.checkHealthy();
   if (ctx.size() == 1) return;
   OpScope scope(ctx, call(Collective::kBroadcast, dtype, RedOp::kSum, count, root));
+  if (trySingleCopy(ctx, bytes) && algo::singleCopyBroadcast(ctx, static_cast<char*>(buf), bytes, root)) return;
   if (ctx.config().complete && ctx.config().algorithm != "ring") {
     return algo::directBroadcast(ctx, static_cast<char*>(buf), bytes, root);
   }

@@ -370,6 +370,7 @@ void Context::setupSharedMemory() {
         std::string name, error;
         link = ShmLink::create(config_.shmRingBytes, &name, &error);
         if (link) {
+          link->publishProcess();
           o.offered = 1;
           std::strncpy(o.name, name.c_str(), sizeof(o.name) - 1);
         } else {
@@ -395,6 +396,7 @@ void Context::setupSharedMemory() {
         std::string error;
         c->shm = ShmLink::open(o.name, static_cast<size_t>(o.ringBytes), &error);
         if (c->shm) {
+          c->shm->publishProcess();
           accepted = 1;
         } else {
           log(1, cat("shared memory with rank ", pr->peer, " unavailable, using TCP: ", error));
@@ -418,6 +420,21 @@ void Context::setupSharedMemory() {
     hasShm_ = true;
     log(2, cat("rank ", c->peer, " connection ", c->index, ": shared memory"));
   }
+  // Single copy needs every peer on this host, reached through shared memory, and readable.
+  canReadPeers_ = config_.singleCopyBytes > 0 && config_.complete && size() > 1;
+  for (auto* pr : pairs_) {
+    if (pr == nullptr) continue;
+    bool allShm = true;
+    for (auto& c : pr->conns) allShm = allShm && c->shm != nullptr;
+    std::string why = "not all of its connections use shared memory";
+    pr->readable = allShm && pr->conns.front()->shm->probePeerProcess(&pr->pid, &why);
+    if (!pr->readable && allShm && canReadPeers_) {
+      log(1, cat("rank ", me, ": cannot read rank ", pr->peer, "'s memory, large calls copy through shared memory: ",
+                 why));
+    }
+    canReadPeers_ = canReadPeers_ && pr->readable;
+  }
+  if (canReadPeers_) log(2, cat("rank ", me, ": single copy from every peer"));
 }
 
 }  // namespace meshccl

@@ -101,6 +101,9 @@ Context::Context(Config config) : config_(std::move(config)) {
                   "algorithm must be auto, ring or direct, got '", config_.algorithm, "'");
   bool allLocal = config_.size > 1 && config_.transport == "auto" && config_.shmSegmentBytes > 0;
   for (const auto& p : config_.peers) allLocal = allLocal && p.sameHost;
+  allOnHost_ = config_.complete && config_.size > 1 && config_.transport == "auto" &&
+               static_cast<int>(config_.peers.size()) == config_.size - 1;
+  for (const auto& p : config_.peers) allOnHost_ = allOnHost_ && p.sameHost;
   if (allLocal) {
     MESHCCL_ENFORCE(config_.shmSegmentBytes >= 4096, "shared-memory segment size must be >= 4096 bytes");
     config_.segmentBytes = config_.shmSegmentBytes;  // the same on every rank: all share one host

@@ -78,6 +78,10 @@ struct Config {
   // per-frame cost worth amortising, and smaller segments pipeline finer and stay in cache.
   // 0: segmentBytes.
   size_t shmSegmentBytes = 64 << 10;
+  // From this many bytes, when every rank is on this host, collectives read the peers' buffers
+  // straight out of their memory (one copy, Linux process_vm_readv) instead of passing them
+  // through the rings. 0: never.
+  size_t singleCopyBytes = 256 << 10;
   int logLevel = 1;                 // 0 quiet, 1 rejections and failures, 2 connect progress
 };
 
@@ -123,6 +127,8 @@ struct Pair {
   uint32_t opIndex = 0;  // operations this pair has taken part in
   uint64_t lastOp = 0;   // context op counter when opIndex was last advanced
   bool sameHost = false;
+  bool readable = false;  // this rank can read the peer's memory (single copy)
+  int pid = 0;            // the peer's process, when readable
 };
 
 class Context {
@@ -143,6 +149,13 @@ class Context {
   // "shm", "tcp", or "shm+tcp" (some connections fell back); "" when not linked.
   std::string transport(int peer) const;
   double timeout() const { return config_.timeoutSeconds; }
+  // Every peer is on this host and this rank can read its memory (see Config::singleCopyBytes).
+  // Local: a call only uses single copy when every rank says so.
+  bool canReadPeers() const { return canReadPeers_; }
+  // Every rank is on this host with shared memory allowed (the same on every rank: from the
+  // hostfile and options), so large calls try single copy.
+  bool allOnHost() const { return allOnHost_; }
+  int peerPid(int peer) const { return pairs_[peer]->pid; }
   void setTimeout(double seconds);
 
   // Raises the stored error if an earlier failure poisoned the context.
@@ -199,6 +212,8 @@ class Context {
   std::vector<Pair*> pairs_;         // by rank; nullptr where no link
   std::vector<Connection*> allConns_;
   bool hasShm_ = false;  // some connection is shared memory: progress() spins instead of sleeping
+  bool canReadPeers_ = false;
+  bool allOnHost_ = false;
   std::exception_ptr poisoned_;
   bool closed_ = false;
   bool inOp_ = false;

@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#if defined(__linux__)
+#include <sys/uio.h>
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +38,15 @@ struct SegmentHeader {
   uint32_t version;
   uint64_t ringBytes;
 };
+
+// Where each end says who it is, for single copy (after the rings' positions at 256..767).
+struct ProcessSlot {
+  uint64_t pid;
+  uint64_t address;  // of this slot, in the publishing process
+  uint64_t cookie;
+};
+constexpr size_t kCreatorSlot = 1024;
+constexpr size_t kOpenerSlot = 1536;
 
 size_t iovTotal(const iovec* iov, int n) {
   size_t t = 0;
@@ -114,6 +126,7 @@ std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, st
   char* b = static_cast<char*>(base);
   auto* ringA = new (b + 256) Ring{};  // creator -> opener
   auto* ringB = new (b + 512) Ring{};  // opener -> creator
+  link->creator_ = true;
   link->tx_ = ringA;
   link->rx_ = ringB;
   link->txData_ = b + kHeaderBytes;
@@ -203,5 +216,57 @@ void ShmLink::discard(size_t len) {
 void ShmLink::closeWrite() { tx_->closed.store(1, std::memory_order_release); }
 
 bool ShmLink::peerClosedWrite() const { return rx_->closed.load(std::memory_order_acquire) != 0; }
+
+void ShmLink::publishProcess() {
+  char* b = static_cast<char*>(base_);
+  auto* slot = reinterpret_cast<ProcessSlot*>(b + (creator_ ? kCreatorSlot : kOpenerSlot));
+  std::random_device rd;
+  slot->pid = static_cast<uint64_t>(::getpid());
+  slot->address = reinterpret_cast<uintptr_t>(slot);
+  slot->cookie = (static_cast<uint64_t>(rd()) << 32) | rd() | 1;  // never 0: 0 is "not published"
+}
+
+bool ShmLink::probePeerProcess(int* pid, std::string* why) const {
+  const char* b = static_cast<const char*>(base_);
+  ProcessSlot theirs{};
+  std::memcpy(&theirs, b + (creator_ ? kOpenerSlot : kCreatorSlot), sizeof(theirs));
+  if (theirs.cookie == 0) {
+    *why = "the peer did not publish its process";
+    return false;
+  }
+  ProcessSlot read{};
+  if (!readProcessMemory(static_cast<int>(theirs.pid), &read, theirs.address, sizeof(read), why)) return false;
+  if (std::memcmp(&read, &theirs, sizeof(read)) != 0) {
+    *why = cat("pid ", theirs.pid, " is not the peer from here (another pid namespace?)");
+    return false;
+  }
+  *pid = static_cast<int>(theirs.pid);
+  return true;
+}
+
+bool readProcessMemory(int pid, void* dst, uint64_t addr, size_t len, std::string* error) {
+#if defined(__linux__)
+  size_t done = 0;
+  while (done < len) {
+    iovec local{static_cast<char*>(dst) + done, len - done};
+    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(addr + done)), len - done};
+    const ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *error = cat("process_vm_readv from pid ", pid, ": ", n < 0 ? std::strerror(errno) : "no bytes read");
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+#else
+  (void)pid;
+  (void)dst;
+  (void)addr;
+  (void)len;
+  *error = "single copy needs Linux (process_vm_readv)";
+  return false;
+#endif
+}
 
 }  // namespace meshccl

@@ -47,6 +47,16 @@ class ShmLink {
   void closeWrite();
   bool peerClosedWrite() const;
 
+  // Single copy (Linux cross-memory attach). Each end writes into its slot of the segment
+  // header its pid, the address of that slot in its own memory and a random cookie; the
+  // other end then reads that address out of that pid with process_vm_readv and compares it
+  // with what it sees through the shared mapping. A match proves it may read the peer's
+  // memory and names the right process (not so across pid namespaces, under a ptrace policy
+  // that forbids it, or off Linux). publishProcess() before the peer probes.
+  void publishProcess();
+  // True, with the peer's pid, when this end can read the peer's memory.
+  bool probePeerProcess(int* pid, std::string* why) const;
+
  private:
   struct Ring;
   ShmLink() = default;
@@ -61,6 +71,11 @@ class ShmLink {
   char* rxData_ = nullptr;
   size_t cap_ = 0;
   std::string name_;  // non-empty while this end still has to unlink it
+  bool creator_ = false;
 };
+
+// Reads `len` bytes at `addr` in process `pid` into `dst` (process_vm_readv, looping over
+// partial reads). False with `error` set when the kernel refuses or the process is gone.
+bool readProcessMemory(int pid, void* dst, uint64_t addr, size_t len, std::string* error);
 
 }  // namespace meshccl

@@ -82,6 +82,7 @@ class Communicator {
   int connections(int peer) const { return ctx().connCount(peer); }
   bool linked(int peer) const { return ctx().connected(peer); }
   std::string transport(int peer) const { return ctx().transport(peer); }
+  bool singleCopy() const { return ctx().canReadPeers(); }
 
   void allReduce(const InArray& in, const OutArray& out, int op, int dtype) {
     size_t n = 0, m = 0;
@@ -180,7 +181,8 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
                            int connsPerLink, double timeout, double connectTimeout, bool complete, bool ring,
                            int ringConns, size_t segmentBytes, size_t smallBytes, int pipelineDepth,
                            const std::string& algorithm, int socketBuffer, int logLevel,
-                           const std::string& transport, size_t shmRingBytes, size_t shmSegmentBytes) {
+                           const std::string& transport, size_t shmRingBytes, size_t shmSegmentBytes,
+                           size_t singleCopyBytes) {
   meshccl::Config c;
   c.rank = rank;
   c.size = size;
@@ -209,6 +211,7 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
   c.transport = transport;
   c.shmRingBytes = shmRingBytes;
   c.shmSegmentBytes = shmSegmentBytes;
+  c.singleCopyBytes = singleCopyBytes;
   return c;
 }
 
@@ -253,7 +256,8 @@ NB_MODULE(_meshccl, m) {
   m.def("make_config", &makeConfig, "rank"_a, "size"_a, "token"_a, "listen"_a, "peers"_a, "conns_per_link"_a,
         "timeout"_a, "connect_timeout"_a, "complete"_a, "ring"_a, "ring_conns"_a, "segment_bytes"_a,
         "small_bytes"_a, "pipeline_depth"_a, "algorithm"_a, "socket_buffer"_a, "log_level"_a,
-        "transport"_a, "shm_ring_bytes"_a, "shm_segment_bytes"_a);
+        "transport"_a, "shm_ring_bytes"_a, "shm_segment_bytes"_a,
+        "single_copy_bytes"_a);
   nb::class_<meshccl::Config>(m, "Config");
 
   nb::class_<Communicator>(m, "Communicator")
@@ -264,6 +268,7 @@ NB_MODULE(_meshccl, m) {
       .def("connections", &Communicator::connections, "peer"_a)
       .def("linked", &Communicator::linked, "peer"_a)
       .def("transport", &Communicator::transport, "peer"_a)
+      .def_prop_ro("single_copy", &Communicator::singleCopy)
       .def("all_reduce", &Communicator::allReduce, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)
       .def("all_gather", &Communicator::allGather, "input"_a, "output"_a.noconvert(), "dtype"_a)
       .def("reduce_scatter", &Communicator::reduceScatter, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)

@@ -29,9 +29,12 @@ struct Topology {
   // Ranks r and j are on one "host" (shared memory) when r / hostRanks == j / hostRanks;
   // 0: every rank on its own host (TCP only).
   int hostRanks = 0;
+  // From this many bytes, ranks all on one host read each other's buffers (single copy).
+  size_t singleCopyBytes = Config{}.singleCopyBytes;
   std::string name() const {
     return std::string(ring ? "ring" : "mesh") + "_c" + std::to_string(connsPerLink) + "_" + algorithm +
-           (hostRanks > 0 ? "_shm" + std::to_string(hostRanks) : "");
+           (hostRanks > 0 ? "_shm" + std::to_string(hostRanks) : "") +
+           (singleCopyBytes != Config{}.singleCopyBytes ? "_sc" + std::to_string(singleCopyBytes) : "");
   }
 };
 
@@ -73,6 +76,7 @@ inline Config makeConfig(int rank, int n, const std::vector<int>& ports, const T
   c.algorithm = t.algorithm;
   c.segmentBytes = t.segmentBytes;
   c.shmSegmentBytes = t.segmentBytes;
+  c.singleCopyBytes = t.singleCopyBytes;
   c.smallBytes = t.smallBytes;
   c.pipelineDepth = t.depth;
   c.timeoutSeconds = t.timeout;

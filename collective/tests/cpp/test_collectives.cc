@@ -213,6 +213,9 @@ std::vector<SweepCase> sweepCases() {
     shm.hostRanks = 8;
     shm.connsPerLink = 2;
     out.push_back({n, shm});
+    Topology single = shm;  // one host, every size read straight from the peers (single copy)
+    single.singleCopyBytes = 1;
+    out.push_back({n, single});
     Topology mixed;  // two ranks per host: shared memory inside, TCP between, forced ring
     mixed.hostRanks = 2;
     mixed.algorithm = "ring";
@@ -255,6 +258,30 @@ TEST(Shm, SameHostPairsUseSharedMemory) {
   });
   test::runRanks(
       2, t, [](Context& ctx) { EXPECT_EQ(ctx.transport(1 - ctx.rank()), "tcp"); },
+      [](Config& c) { c.transport = "tcp"; });
+}
+
+// Single copy is on where every rank shares the host, and nowhere else.
+TEST(Shm, SingleCopyOnlyWhenEveryRankSharesTheHost) {
+  Topology t;
+  t.connsPerLink = 2;
+  t.hostRanks = 4;
+  test::runRanks(4, t, [](Context& ctx) {
+    EXPECT_TRUE(ctx.allOnHost());
+    EXPECT_TRUE(ctx.canReadPeers());
+    checkAllReduce(ctx, DataType::kFloat32, RedOp::kSum, (1u << 20) + 5, false);
+    checkAllReduce(ctx, DataType::kInt32, RedOp::kMax, (1u << 20) + 5, true);
+  });
+  t.hostRanks = 2;
+  test::runRanks(4, t, [](Context& ctx) {
+    EXPECT_FALSE(ctx.allOnHost());
+    EXPECT_FALSE(ctx.canReadPeers());
+  });
+  t.hostRanks = 4;
+  test::runRanks(
+      2, t, [](Context& ctx) { EXPECT_FALSE(ctx.canReadPeers()); }, [](Config& c) { c.singleCopyBytes = 0; });
+  test::runRanks(
+      2, t, [](Context& ctx) { EXPECT_FALSE(ctx.allOnHost() || ctx.canReadPeers()); },
       [](Config& c) { c.transport = "tcp"; });
 }
 
