@@ -90,6 +90,12 @@ void tuneSocket(int fd, int bufferBytes) {
   }
 }
 
+void flushSocket(int fd) {
+  // Setting TCP_NODELAY (again) pushes whatever is queued, corked or not.
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
 Fd listenOn(const SockAddr& addr) {
   Fd fd(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) raise(ErrorKind::kBootstrap, cat("socket() for ", addr.text, ": ", std::strerror(errno)));

@@ -45,6 +45,8 @@ Fd startConnect(const SockAddr& addr, int* err);
 void setNonBlocking(int fd);
 // TCP_NODELAY always; SO_SNDBUF/SO_RCVBUF when bufferBytes > 0 (0 keeps the kernel's autotuning).
 void tuneSocket(int fd, int bufferBytes);
+// Sends what the socket holds back now (TCP autocorking waits for earlier data to leave).
+void flushSocket(int fd);
 int socketError(int fd);
 double monotonicSeconds();
 
