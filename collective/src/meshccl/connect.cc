@@ -420,19 +420,19 @@ void Context::setupSharedMemory() {
     hasShm_ = true;
     log(2, cat("rank ", c->peer, " connection ", c->index, ": shared memory"));
   }
-  // Single copy needs every peer on this host, reached through shared memory, and readable.
-  canReadPeers_ = config_.singleCopyBytes > 0 && config_.complete && size() > 1;
+  // Single copy needs every rank on this host, every pair on shared memory, every peer readable.
+  canReadPeers_ = allOnHost_ && config_.singleCopyBytes > 0;
   for (auto* pr : pairs_) {
-    if (pr == nullptr) continue;
-    bool allShm = true;
-    for (auto& c : pr->conns) allShm = allShm && c->shm != nullptr;
+    if (pr == nullptr || !canReadPeers_) continue;
     std::string why = "not all of its connections use shared memory";
-    pr->readable = allShm && pr->conns.front()->shm->probePeerProcess(&pr->pid, &why);
-    if (!pr->readable && allShm && canReadPeers_) {
+    bool readable = true;
+    for (auto& c : pr->conns) readable = readable && c->shm != nullptr;
+    readable = readable && pr->conns.front()->shm->probePeerProcess(&pr->pid, &why);
+    if (!readable) {
       log(1, cat("rank ", me, ": cannot read rank ", pr->peer, "'s memory, large calls copy through shared memory: ",
                  why));
     }
-    canReadPeers_ = canReadPeers_ && pr->readable;
+    canReadPeers_ = readable;
   }
   if (canReadPeers_) log(2, cat("rank ", me, ": single copy from every peer"));
 }

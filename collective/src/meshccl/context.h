@@ -127,8 +127,7 @@ struct Pair {
   uint32_t opIndex = 0;  // operations this pair has taken part in
   uint64_t lastOp = 0;   // context op counter when opIndex was last advanced
   bool sameHost = false;
-  bool readable = false;  // this rank can read the peer's memory (single copy)
-  int pid = 0;            // the peer's process, when readable
+  int pid = 0;           // the peer's process, when this rank can read its memory (single copy)
 };
 
 class Context {
