@@ -1,0 +1,100 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin: start a planned job on every host, supervise it, fail fast, collect the logs."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import (
+    ConnectionError_,
+    connection_for,
+)
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import preflight_problems
+from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher, host_jobs
+
+display = Display()
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        job = args["job"]
+        result["changed"] = True
+        if self._play_context.check_mode:
+            result["changed"] = False
+            result["msg"] = f"check mode: job {job['job_id']} would start {job['world_size']} ranks"
+            return result
+        problems = preflight_problems(dict(args.get("preflight") or {}))
+        if problems:
+            result["failed"] = True
+            result["changed"] = False
+            result["msg"] = f"preflight failed; no rank of job {job['job_id']} was started:\n  - " + "\n  - ".join(
+                problems
+            )
+            return result
+        try:
+            connections = {
+                host: connection_for(host, task_vars["hostvars"][host], self._templar)
+                for host in dict.fromkeys(r["host"] for r in job["ranks"])
+            }
+        except ConnectionError_ as exc:
+            result["failed"] = True
+            result["msg"] = str(exc)
+            return result
+        if args.get("prepare_to"):
+            # `meshkit launch`: everything is checked; the CLI starts the ranks itself, with stdin.
+            path = Path(args["prepare_to"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"job": job, "connections": connections}, indent=1) + "\n")
+            path.chmod(0o600)
+            result["changed"] = False
+            result["msg"] = f"job {job['job_id']} prepared in {path}"
+            return result
+        token = secrets.token_hex(16)
+        log_dir = Path(args.get("log_dir") or job.get("log_dir") or f"artifacts/launch/{job['job_id']}")
+        quiet = bool(args.get("quiet"))
+
+        def on_line(rank, line: str) -> None:
+            if not quiet:
+                display.display(f"[{rank.rank}|{rank.host}] {line}")
+
+        def on_event(text: str) -> None:
+            display.display(f"meshkit launch: {text}", color="bright blue")
+
+        launcher = Launcher(
+            host_jobs(job, connections, token),
+            job["job_id"],
+            log_dir,
+            timeout=float(args.get("timeout") or job.get("timeout") or 0) or None,
+            grace=float(args.get("grace") if args.get("grace") is not None else job.get("grace", 3.0)),
+            on_line=on_line,
+            on_event=on_event,
+        )
+        outcome = launcher.run()
+        result["table"] = outcome.table()
+        result["log_dir"] = str(log_dir)
+        if outcome.ok:
+            result["summary"] = outcome.summary()
+            result["msg"] = f"job {job['job_id']}: {outcome.reason} in {outcome.wall:.1f} s; logs in {log_dir}"
+            return result
+        # Failed: the message says it all (the whole summary is in summary.json beside the logs).
+        result["failed"] = True
+        lines = [f"job {job['job_id']} failed: {outcome.reason}"]
+        for rank in outcome.failed or [r for r in outcome.ranks if r.state == "timeout"]:
+            lines.append(f"rank {rank.rank} on {rank.host}: {rank.state}, {rank.describe()}; last lines:")
+            lines += [f"    {line}" for line in list(rank.tail)[-10:]] or ["    (no output)"]
+        if outcome.leftovers:
+            lines.append(f"killed what ranks left running: {outcome.leftovers}")
+        lines.append(f"every rank was stopped; logs in {log_dir}")
+        result["msg"] = "\n".join(lines)
+        return result

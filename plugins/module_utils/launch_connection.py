@@ -1,0 +1,90 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""How the launcher reaches a host: the inventory's connection settings, as plain commands.
+
+The launcher keeps one long-lived, streaming session per host, which Ansible's connection
+plugins do not offer, so it runs ``ssh`` itself with the inventory's settings (address, port,
+user, key, ``ansible_ssh_common_args`` / ``ansible_ssh_extra_args``: host key checking stays as
+the inventory has it) and its own persistent master in ``ansible_control_path_dir``. The lab's
+``meshkit.cluster.netns`` connection becomes ``nsenter`` into the host's holder process, and
+``local`` runs on the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Any
+
+SSH = ("ssh", "ansible.builtin.ssh", "smart", "ansible.legacy.ssh")
+LOCAL = ("local", "ansible.builtin.local", "ansible.legacy.local")
+NETNS = ("meshkit.cluster.netns",)
+
+
+class ConnectionError_(Exception):
+    """A host's connection settings cannot be turned into a launch connection."""
+
+
+def _value(hv: Any, templar: Any, name: str, default: Any = None) -> Any:
+    value = hv.get(name, default)
+    if templar is not None and isinstance(value, str) and "{{" in value:
+        value = templar.template(value)
+    return value
+
+
+def lab_holder(lab_dir: str, netns: str) -> int:
+    """The pid that holds a lab host's namespaces, checked against the named network namespace."""
+    try:
+        with open(os.path.join(lab_dir, "state.json")) as handle:
+            holders = json.load(handle)["holders"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConnectionError_(f"no lab record in {lab_dir} ({exc}); build the lab first") from exc
+    for name, pid in holders.items():
+        if netns.endswith("-" + name):
+            try:
+                alive = os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
+            except OSError:
+                alive = False
+            if not alive:
+                raise ConnectionError_(f"lab host {name}: holder {pid} is not in {netns}; rebuild the lab")
+            return int(pid)
+    raise ConnectionError_(f"namespace {netns} is not a host of the lab in {lab_dir}")
+
+
+def connection_for(host: str, hv: Any, templar: Any = None) -> dict[str, Any]:
+    kind = _value(hv, templar, "ansible_connection", "ssh")
+    python = _value(hv, templar, "ansible_python_interpreter", None)
+    if not python or str(python).startswith("auto"):
+        python = "python3"
+    if kind in LOCAL:
+        return {"kind": "local", "python": python}
+    if kind in NETNS:
+        lab_dir = _value(hv, templar, "meshkit_lab_dir")
+        netns = _value(hv, templar, "meshkit_lab_netns")
+        if not lab_dir or not netns:
+            raise ConnectionError_(f"{host}: connection {kind} needs meshkit_lab_dir and meshkit_lab_netns")
+        return {"kind": "nsenter", "pid": lab_holder(lab_dir, netns), "python": python}
+    if kind not in SSH:
+        raise ConnectionError_(
+            f"{host}: ansible_connection={kind} is not one meshkit launch can stream over; use ssh "
+            "(or meshkit.cluster.netns / local)"
+        )
+    args: list[str] = []
+    for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        text = _value(hv, templar, name, "") or ""
+        args += shlex.split(str(text))
+    control_dir = _value(hv, templar, "ansible_control_path_dir", None) or os.path.expanduser("~/.ansible/cp")
+    os.makedirs(control_dir, mode=0o700, exist_ok=True)
+    # Our own master per host (not Ansible's, whose socket name is its own hash): a second launch
+    # within a minute skips the SSH handshake.
+    args += ["-o", "ControlMaster=auto", "-o", "ControlPersist=60s", "-o", f"ControlPath={control_dir}/mk-%C"]
+    return {
+        "kind": "ssh",
+        "host": _value(hv, templar, "ansible_host", host) or host,
+        "port": _value(hv, templar, "ansible_port", None),
+        "user": _value(hv, templar, "ansible_user", None),
+        "key": _value(hv, templar, "ansible_ssh_private_key_file", None),
+        "args": args,
+        "python": python,
+    }

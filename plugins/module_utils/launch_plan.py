@@ -1,0 +1,298 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A launch, planned on the controller from the one topology model: ranks, their environment
+per runtime, the files each host needs and the ports that must be free.
+
+Global ranks are in ring order (hostfiles.ranks): host by host along the ring, each host's ranks
+together, so rank r and r+1 share a cable or a host. Every runtime gets the same rank numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
+from cerberus import Validator
+
+RUNTIMES = ("meshccl", "mlx", "torch", "plain")
+
+# launch.yml's variables (launch_<name>), validated before anything starts.
+SCHEMA: dict[str, dict[str, Any]] = {
+    "program": {
+        "type": ["string", "list"],
+        "required": True,
+        "empty": False,
+        "schema": {"type": "string", "empty": False},
+    },
+    "runtime": {"type": "string", "allowed": list(RUNTIMES)},
+    "ranks_per_host": {"type": "integer", "min": 1, "max": 256, "coerce": int},
+    "env": {
+        "type": "dict",
+        "keysrules": {"type": "string", "regex": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+        "valuesrules": {"type": ["string", "integer", "float", "boolean"]},
+    },
+    "timeout": {"type": ["integer", "float"], "min": 0, "coerce": float},
+    "grace": {"type": ["integer", "float"], "min": 0, "max": 120, "coerce": float},
+    "cwd": {"type": "string", "nullable": True, "regex": r"^/.*"},
+    "mlx_port": {"type": "integer", "min": 1024, "max": 65000, "coerce": int},
+}
+HINTS = {
+    "program": 'give the command to run on every rank, e.g. "python3 /shared/train.py --epochs 1" or a list',
+    "runtime": f"use one of {', '.join(RUNTIMES)}",
+    "ranks_per_host": "use a whole number from 1 to 256",
+    "env": "give a mapping of environment variable names to values",
+    "timeout": "give seconds (0: no limit)",
+    "grace": "give the seconds a stopped rank gets between SIGTERM and SIGKILL (0-120)",
+    "cwd": "give an absolute directory that exists on every host",
+    "mlx_port": "use a free TCP port from 1024; MLX ring ranks listen from here upwards",
+}
+
+
+class LaunchError(ValueError):
+    """Bad launch input, named by its variable."""
+
+
+def validate(given: dict[str, Any]) -> dict[str, Any]:
+    """The launch variables (without their ``launch_`` prefix), checked and normalised."""
+    doc = {k: v for k, v in given.items() if v is not None or k == "cwd"}
+    validator = Validator(SCHEMA)
+    if not validator.validate(doc):
+        problems = [
+            f"launch_{name} = {doc.get(name)!r}: {'; '.join(map(str, errs))}; {HINTS.get(name, '')}".rstrip("; ")
+            for name, errs in sorted(validator.errors.items())
+        ]
+        raise LaunchError("bad launch settings; nothing was started:\n  - " + "\n  - ".join(problems))
+    out = validator.document
+    program = out["program"]
+    if isinstance(program, str):
+        try:
+            program = shlex.split(program)
+        except ValueError as exc:
+            raise LaunchError(f"launch_program = {out['program']!r}: {exc}; {HINTS['program']}") from exc
+        if not program:
+            raise LaunchError(f"launch_program is empty; {HINTS['program']}")
+    out["program"] = program
+    out["env"] = {k: _env_value(v) for k, v in (out.get("env") or {}).items()}
+    return out
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+@dataclass
+class Job:
+    job_id: str
+    runtime: str
+    world_size: int
+    ranks: list[dict[str, Any]]  # rank, host, node_rank, local_rank, argv, env, cwd
+    files: dict[str, dict[str, str]]  # host -> name -> text, written into the job directory
+    job_dir: str
+    ports: dict[str, list[list[Any]]] = field(default_factory=dict)  # host -> [[address, port, what], ...]
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "runtime": self.runtime,
+            "world_size": self.world_size,
+            "job_dir": self.job_dir,
+            "ranks": self.ranks,
+            "files": self.files,
+            "ports": self.ports,
+            "notes": self.notes,
+        }
+
+    def hosts(self) -> list[str]:
+        seen: list[str] = []
+        for r in self.ranks:
+            if r["host"] not in seen:
+                seen.append(r["host"])
+        return seen
+
+
+def mlx_ring_file(plan: dict[str, Any], ssh: dict[str, str], ranks_per_host: int, port: int) -> list[list[str]]:
+    """MLX's runtime ring file for several ranks per host: a host's first rank listens on its
+    cable address facing the previous host (as mlx.launch does), the others on loopback, where
+    the rank before them (on the same host) connects."""
+    mlx = hostfiles.mlx_hostfile(plan, ssh)
+    out = []
+    for host_entry in mlx["hosts"]:
+        for local in range(ranks_per_host):
+            ips = host_entry["ips"] if local == 0 else ["127.0.0.1"]
+            row = []
+            for ip in ips:
+                row.append(f"{ip}:{port}")
+                port += 1
+            out.append(row)
+    return out
+
+
+def build(
+    plan: dict[str, Any],
+    settings: dict[str, Any],
+    *,
+    job_id: str,
+    state_dir: str,
+    cluster: str,
+    ssh: dict[str, str],
+    nccl: dict[str, dict[str, str]] | None = None,
+    management_interface: dict[str, str] | None = None,
+    master_port: int = 29500,
+    meshccl_port: int = 29600,
+) -> Job:
+    """Plan every rank of a job. ``settings`` comes from validate()."""
+    runtime = settings.get("runtime") or "meshccl"
+    per_host = int(settings.get("ranks_per_host") or 1)
+    mlx_port = int(settings.get("mlx_port") or 32323)
+    nccl = nccl or {}
+    management_interface = management_interface or {}
+    order = hostfiles.ring_order(plan)
+    if len(order) < 1:
+        raise LaunchError("the topology model has no hosts; run setup.yml first")
+    ranks = hostfiles.ranks(plan, per_host)
+    world = len(ranks)
+    job_dir = f"{state_dir.rstrip('/')}/jobs/{job_id}"
+    fp = hostfiles.fingerprint(plan)
+    files: dict[str, dict[str, str]] = {h: {} for h in order}
+    ports: dict[str, list[list[Any]]] = {h: [] for h in order}
+    notes: list[str] = []
+
+    if runtime == "meshccl":
+        doc = hostfiles.meshccl_hostfile(plan, ssh, per_host, meshccl_port, cluster, fp)
+        text = hostfiles.dumps(doc)
+        for h in order:
+            files[h]["meshccl.json"] = text
+        for r in doc["ranks"]:
+            addresses = [link["address"] for link in r["links"]]
+            if per_host > 1:
+                addresses.append("127.0.0.1")
+            for address in addresses:
+                ports[r["host"]].append([address, r["port"], f"meshccl rank {r['rank']}"])
+    elif runtime == "mlx":
+        backend = plan.get("backend") or "ring"
+        if backend == "ring":
+            if not hostfiles.has_full_ring(plan) and len(order) > 1:
+                raise LaunchError(
+                    "runtime mlx needs a ring through every host and the cabling has none; "
+                    "run with launch_runtime=meshccl or torch, or cable a ring"
+                )
+            ring = mlx_ring_file(plan, ssh, per_host, mlx_port)
+            text = json.dumps(ring) + "\n"
+            for h in order:
+                files[h]["mlx-ring.json"] = text
+            for r, row in zip(ranks, ring, strict=True):
+                for entry in row:
+                    address, port = entry.rsplit(":", 1)
+                    ports[r["host"]].append([address, int(port), f"MLX ring rank {r['rank']}"])
+        else:
+            if per_host != 1:
+                raise LaunchError(f"backend {backend} (RDMA) runs one rank per host; set launch_ranks_per_host=1")
+            devices = [entry["rdma"] for entry in hostfiles.mlx_hostfile(plan, ssh)["hosts"]]
+            text = json.dumps(devices) + "\n"
+            for h in order:
+                files[h]["mlx-ibv-devices.json"] = text
+            ports[order[0]].append(["0.0.0.0", mlx_port, "JACCL coordinator"])
+    elif runtime == "torch":
+        ports[order[0]].append(["0.0.0.0", master_port, "torch MASTER_PORT (rank 0's store)"])
+
+    out_ranks = []
+    for r in ranks:
+        host = r["host"]
+        env = {
+            "MESHKIT_JOB_ID": job_id,
+            "MESHKIT_RANK": str(r["rank"]),
+            "MESHKIT_WORLD_SIZE": str(world),
+            "MESHKIT_LOCAL_RANK": str(r["local_rank"]),
+            "MESHKIT_HOST": host,
+            # Ranks' output is read through a pipe; without this Python holds it in 8 KiB blocks.
+            "PYTHONUNBUFFERED": "1",
+        }
+        if runtime == "meshccl":
+            env |= {
+                "MESHCCL_RANK": str(r["rank"]),
+                "MESHCCL_WORLD_SIZE": str(world),
+                "MESHCCL_HOSTFILE": f"{job_dir}/meshccl.json",
+            }
+        elif runtime == "mlx":
+            env["MLX_RANK"] = str(r["rank"])
+            env["MLX_WORLD_SIZE"] = str(world)
+            if (plan.get("backend") or "ring") == "ring":
+                env["MLX_HOSTFILE"] = f"{job_dir}/mlx-ring.json"
+            else:
+                env["MLX_IBV_DEVICES"] = f"{job_dir}/mlx-ibv-devices.json"
+                env["MLX_JACCL_COORDINATOR"] = f"{ssh.get(order[0], order[0])}:{mlx_port}"
+        elif runtime == "torch":
+            env |= {
+                "RANK": str(r["rank"]),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(r["local_rank"]),
+                "LOCAL_WORLD_SIZE": str(per_host),
+                "GROUP_RANK": str(r["node_rank"]),
+                "NODE_RANK": str(r["node_rank"]),
+                "MASTER_ADDR": ssh.get(order[0], order[0]),
+                "MASTER_PORT": str(master_port),
+            }
+            env |= dict(sorted((nccl.get(host) or {}).items()))
+            if management_interface.get(host):
+                # Gloo gives every rank one address and connects every pair of ranks to it: on
+                # point-to-point cables only the management network reaches every host.
+                env["GLOO_SOCKET_IFNAME"] = management_interface[host]
+        env |= settings.get("env") or {}
+        out_ranks.append(r | {"argv": list(settings["program"]), "env": env, "cwd": settings.get("cwd")})
+    if runtime == "torch" and not management_interface:
+        notes.append("GLOO_SOCKET_IFNAME not set: no management interface known")
+    return Job(job_id, runtime, world, out_ranks, files, job_dir, ports, notes)
+
+
+def stale_hosts(plan: dict[str, Any], manifests: dict[str, str | None], state_dir: str) -> list[str]:
+    """Hosts whose hostfiles (their manifest.json) were not made from this cabling."""
+    fp = hostfiles.fingerprint(plan)
+    out = []
+    for host in hostfiles.ring_order(plan):
+        text = manifests.get(host)
+        where = f"{state_dir.rstrip('/')}/hostfiles"
+        if not text:
+            out.append(f"{host}: no hostfiles in {where}; run setup.yml first")
+            continue
+        try:
+            found = json.loads(text).get("fingerprint")
+        except (ValueError, AttributeError):
+            out.append(f"{host}: {where}/manifest.json is not JSON; run setup.yml")
+            continue
+        if found != fp:
+            out.append(
+                f"{host}: the hostfiles in {where} were made from another cabling ({found}; now {fp}); run setup.yml"
+            )
+    return out
+
+
+def nccl_from_env_file(text: str | None) -> dict[str, str]:
+    """The NCCL_* variables of a host's torch.env (written by setup.yml from its RDMA facts)."""
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        if line.startswith("NCCL_") and "=" in line:
+            name, value = line.split("=", 1)
+            parts = shlex.split(value)
+            out[name] = parts[0] if parts else ""
+    return out
+
+
+def preflight_problems(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Every host's own problems, then what differs between hosts (program, interpreter, script)."""
+    problems = [f"{host}: {p}" for host, r in results.items() for p in r.get("problems") or []]
+    for key, what in (("program", "the program"), ("interpreter", "its interpreter"), ("script", "the script")):
+        seen: dict[str, list[str]] = {}
+        for host, r in results.items():
+            if r.get("problems"):
+                continue
+            seen.setdefault(str(r.get(key)), []).append(host)
+        if len(seen) > 1:
+            shown = "; ".join(f"{', '.join(hosts)}: {path}" for path, hosts in seen.items())
+            problems.append(f"{what} is not the same on every host ({shown}); install it at one path everywhere")
+    return problems

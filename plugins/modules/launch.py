@@ -1,0 +1,77 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Documentation of the launch action (it runs on the controller and reaches every host itself)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: launch
+short_description: Start a planned job on every host, supervise it, stop every rank when one fails
+description:
+  - Runs on the controller (action plugin). Checks the preflight results of every host first (each host's problems,
+    and a program, interpreter or script that is not at the same path everywhere) and starts nothing if any fails.
+  - Reaches every host with the inventory's connection settings (ssh with the inventory's address, user, key and
+    options, so host key checking stays as configured; the lab's C(meshkit.cluster.netns) through C(nsenter)) and
+    starts one supervisor per host over that connection; it starts the host's ranks and streams their output.
+  - The first rank that exits non-zero, a host whose connection drops, the timeout, stop every rank on every host
+    (SIGTERM, SIGKILL after O(grace) seconds, then anything the ranks left behind). The task then fails naming the
+    failed ranks, their exit codes and their last lines.
+  - The ranks' output is shown prefixed C([rank|host]) as it comes and kept per rank on the controller, with a
+    C(summary.json), in the job's directory.
+  - C(MESHCCL_TOKEN), a fresh random job token, is given to meshccl ranks and written nowhere.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  job:
+    description: M(meshkit.cluster.launch_plan)'s C(job).
+    type: dict
+    required: true
+  preflight:
+    description: Per host, the result of M(meshkit.cluster.launch_preflight).
+    type: dict
+  log_dir:
+    description: Where the logs go on the controller; the job's own C(log_dir) by default.
+    type: path
+  timeout:
+    description: Seconds before every rank is stopped and the job fails; the job's own by default, 0 for none.
+    type: float
+  grace:
+    description: Seconds between SIGTERM and SIGKILL when ranks are stopped.
+    type: float
+  prepare_to:
+    description: Start nothing; write the checked job and every host's connection to this file (what C(meshkit launch)
+      runs itself, with stdin).
+    type: path
+  quiet:
+    description: Do not show the ranks' output while they run (it is still logged).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Run the job
+  meshkit.cluster.launch:
+    job: "{{ meshkit_job.job }}"
+  run_once: true
+"""
+
+RETURN = r"""
+summary:
+  description: Per rank - host, state (ok, failed, stopped, timeout, lost), exit code or signal, last lines; the wall
+    time, the time until every rank ran, and the log directory.
+  returned: always
+  type: dict
+table:
+  description: One line per rank, failures first.
+  returned: always
+  type: list
+  elements: str
+"""

@@ -1,0 +1,95 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Documentation of the launch_plan action (it runs entirely on the controller)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: launch_plan
+short_description: Plan a launch from the topology model - ranks in ring order, environment per runtime, ports
+description:
+  - Runs on the controller (action plugin) and touches no host.
+  - Validates the launch settings (Cerberus) and fails naming the variable and what to do.
+  - Numbers the ranks in ring order, host by host, and gives each its environment for the runtime - meshccl
+    (C(MESHCCL_RANK), C(MESHCCL_HOSTFILE), C(MESHCCL_WORLD_SIZE)), MLX (C(MLX_RANK), C(MLX_HOSTFILE), or
+    C(MLX_IBV_DEVICES) and C(MLX_JACCL_COORDINATOR) for JACCL), PyTorch (C(RANK), C(WORLD_SIZE), C(LOCAL_RANK),
+    C(MASTER_ADDR), C(MASTER_PORT), the NCCL variables from the RDMA facts, C(GLOO_SOCKET_IFNAME)) - plus the
+    user's own variables, and lists the files each host needs and the ports that must be free.
+version_added: 0.1.0
+author: meshkit contributors
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  plan:
+    description: The topology model (M(meshkit.cluster.cabling_plan)'s C(plan)).
+    type: dict
+    required: true
+  settings:
+    description: "The launch settings: program, runtime, ranks_per_host, env, timeout, grace, cwd, mlx_port."
+    type: dict
+    required: true
+  state_dir:
+    description: meshkit's state directory on the hosts; the job's files go to C(<state_dir>/jobs/<job id>).
+    type: str
+    required: true
+  cluster:
+    description: The cluster's name.
+    type: str
+    required: true
+  ssh:
+    description: Per host, its management address.
+    type: dict
+  nccl:
+    description: Per host, its NCCL variables (from its RDMA facts).
+    type: dict
+  management_interface:
+    description: Per host, the interface that carries its management address.
+    type: dict
+  master_port:
+    description: torch's C(MASTER_PORT).
+    type: int
+    default: 29500
+  meshccl_port:
+    description: meshccl's first port; local rank k listens on this plus k.
+    type: int
+    default: 29600
+  job_id:
+    description: The job's id; a time stamp and a random suffix when not given.
+    type: str
+  manifests:
+    description: Per host, the text of its C(<state_dir>/hostfiles/manifest.json) (empty when missing); a host whose
+      set was made from another cabling than O(plan) fails the launch (run setup.yml).
+    type: dict
+  torch_env:
+    description: Per host, the text of its C(torch.env); its C(NCCL_*) variables go to PyTorch ranks.
+    type: dict
+  changes:
+    description: M(meshkit.cluster.cabling_plan)'s C(changes) against the recorded plan; any fails the launch.
+    type: dict
+  dest:
+    description: Where the job's directory (C(job.json), the logs) is made on the controller.
+    type: path
+"""
+
+EXAMPLES = r"""
+- name: Plan the job
+  meshkit.cluster.launch_plan:
+    plan: "{{ meshkit_planned.plan }}"
+    settings: {program: "python3 /shared/train.py", runtime: torch}
+    state_dir: /var/lib/meshkit
+    cluster: lab
+  run_once: true
+"""
+
+RETURN = r"""
+job:
+  description: The job - id, runtime, world size, per-rank host/argv/env, per-host files and ports, log directory.
+  returned: success
+  type: dict
+"""
