@@ -1,0 +1,269 @@
+"""launch.yml and `meshkit launch` on a real lab: a 4-host full mesh reached over SSH, converged by
+setup.yml once, then jobs of 4 hosts x 2 ranks: meshccl, MLX and PyTorch programs, a failing rank,
+a hanging one, a program missing on one host, stale hostfiles, and stdin typed once into every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ENV, REPO, LabHandle, run_playbook, sh
+
+PROGRAMS = Path(__file__).parent / "programs"
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+MESHKIT = str(REPO / "bin" / "meshkit")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, Path]]:
+    handle = LabHandle(f"mkt{os.getpid() % 1000}l", "198.19.250.0/24", {"lab_size": 4, "lab_shape": "mesh"})
+    artifacts = tmp_path_factory.mktemp("launch-artifacts")
+    try:
+        built = handle.up()
+        assert built.rc == 0, built.output
+        run = run_playbook("setup.yml", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory))
+        assert run.rc == 0, run.output
+        yield handle, artifacts
+    finally:
+        handle.down()
+
+
+def launch(lab: tuple[LabHandle, Path], **variables: Any) -> tuple[int, str, dict[str, Any] | None]:
+    """Run launch.yml; (rc, output, summary.json of the job or None)."""
+    handle, artifacts = lab
+    job = variables.setdefault("launch_job_id", f"t{uuid.uuid4().hex[:10]}")
+    run = run_playbook(
+        "launch.yml",
+        "-e",
+        f"meshkit_artifacts_dir={artifacts}",
+        "-e",
+        json.dumps(variables),
+        inventory=str(handle.inventory),
+    )
+    summary = artifacts / "launch" / job / "summary.json"
+    return run.rc, run.output, json.loads(summary.read_text()) if summary.exists() else None
+
+
+def holders(handle: LabHandle) -> dict[str, int]:
+    return json.loads((handle.dir / "state.json").read_text())["holders"]
+
+
+def ps_on_every_host(handle: LabHandle) -> dict[str, str]:
+    """`ps -eo pid,args` inside each lab host's own PID namespace."""
+    out = {}
+    for host, pid in holders(handle).items():
+        proc = sh("nsenter", "-t", str(pid), "-p", "-m", "--", "ps", "-eo", "pid,args")
+        out[host] = proc.stdout
+    return out
+
+
+def processes_with_env(marker: str) -> list[str]:
+    """Every process on the machine (all lab hosts included) whose environment holds ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "environ").read_bytes():
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append(f"{proc.name}: {cmdline}")
+        except OSError:
+            continue
+    return found
+
+
+def test_meshccl_all_reduce_on_4_hosts_x_2_ranks(lab):
+    rc, output, summary = launch(
+        lab,
+        launch_program=[PYTHON, str(PROGRAMS / "meshccl_allreduce.py")],
+        launch_ranks_per_host=2,
+        launch_timeout=120,
+    )
+    assert rc == 0, output
+    assert summary is not None and summary["ok"], summary
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in summary["ranks"]] == [(r, "ok", 0) for r in range(8)]
+    # Ring order host by host, two ranks each; every rank's own line, prefixed with its rank and host.
+    hosts = [r["host"] for r in summary["ranks"]]
+    assert hosts[0::2] == hosts[1::2] and len(set(hosts)) == 4
+    for r in range(8):
+        assert re.search(rf"^\[{r}\|{hosts[r]}\] meshccl rank {r}/8 on {hosts[r]}: all_reduce exact$", output, re.M), (
+            output
+        )
+        log = Path(summary["log_dir"]) / f"rank-{r}.log"
+        assert f"meshccl rank {r}/8" in log.read_text()
+    # The token reaches the ranks but no log and no summary.
+    logs = "".join(p.read_text() for p in Path(summary["log_dir"]).iterdir() if p.is_file())
+    assert "MESHCCL_TOKEN" not in logs and "MESHCCL_TOKEN" not in output
+
+
+def test_a_failing_rank_stops_every_rank_on_every_host(lab):
+    handle, _ = lab
+    marker = f"mkjob{uuid.uuid4().hex[:8]}"
+    script = (
+        'echo "rank $MESHKIT_RANK up"; '
+        'if [ "$MESHKIT_RANK" = 5 ]; then sleep 2; echo "rank 5: giving up" >&2; exit 3; fi; '
+        "sleep 300 & wait"
+    )
+    started = time.monotonic()
+    rc, output, summary = launch(
+        lab,
+        launch_program=["sh", "-c", script, marker],
+        launch_ranks_per_host=2,
+        launch_runtime="plain",
+        launch_env={"MARKER": marker},
+    )
+    took = time.monotonic() - started
+    assert rc != 0
+    failed_host = summary["ranks"][5]["host"]
+    assert re.search(rf"failed: rank 5 \({failed_host}\) exit code 3", output), output
+    assert "rank 5: giving up" in output  # its last lines
+    states = {r["rank"]: r["state"] for r in summary["ranks"]}
+    assert states == {**{r: "stopped" for r in range(8)}, 5: "failed"}
+    # The job ended within seconds of the failure, not after the survivors' 300 s.
+    assert summary["wall_s"] < 30, summary
+    assert took < 120
+    for host, listing in ps_on_every_host(handle).items():
+        assert marker not in listing and "sleep 300" not in listing, (host, listing)
+    assert processes_with_env(f"MARKER={marker}") == []
+
+
+def test_a_hanging_rank_meets_the_overall_timeout(lab):
+    handle, _ = lab
+    marker = f"mkjob{uuid.uuid4().hex[:8]}"
+    script = 'if [ "$MESHKIT_RANK" = 6 ]; then echo hanging; exec sleep 1000; fi; echo done'
+    rc, output, summary = launch(
+        lab,
+        launch_program=["sh", "-c", script, marker],
+        launch_ranks_per_host=2,
+        launch_runtime="plain",
+        launch_timeout=4,
+        launch_env={"MARKER": marker},
+    )
+    assert rc != 0
+    assert "failed: timeout after 4 s" in output, output
+    states = {r["rank"]: r["state"] for r in summary["ranks"]}
+    assert states == {**{r: "ok" for r in range(8)}, 6: "timeout"}
+    assert summary["ranks"][6]["last_lines"] == ["hanging"]
+    for host, listing in ps_on_every_host(handle).items():
+        assert marker not in listing, (host, listing)
+    assert processes_with_env(f"MARKER={marker}") == []
+
+
+def test_mlx_ring_program_gets_its_environment(lab):
+    rc, output, summary = launch(
+        lab,
+        launch_program=[PYTHON, str(PROGRAMS / "mlx_all_sum.py")],
+        launch_ranks_per_host=2,
+        launch_runtime="mlx",
+        launch_timeout=120,
+    )
+    assert rc == 0, output
+    hosts = [r["host"] for r in summary["ranks"]]
+    for r in range(8):
+        # 1 + 2 + ... + 8 = 36 on every rank.
+        assert f"[{r}|{hosts[r]}] mlx rank {r}/8 on {hosts[r]} MLX_RANK={r} sum=36" in output, output
+
+
+def test_torch_gloo_program_through_meshkit_launch(lab):
+    handle, artifacts = lab
+    proc = subprocess.run(
+        [PYTHON, MESHKIT, "launch", "-i", str(handle.inventory), "-r", "torch", "-n", "2", "-t", "180", "--no-stdin",
+         "-e", f"meshkit_artifacts_dir={artifacts}", "--", PYTHON, str(PROGRAMS / "torch_gloo.py")],
+        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=400, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = re.findall(r"^\[(\d)\|(node\d)\] torch rank (\d)/8 on (node\d) (.*) sum=36$", proc.stdout, re.M)
+    assert sorted(int(r) for r, *_ in lines) == list(range(8)), proc.stdout
+    masters = set()
+    for rank, host, rank2, host2, env in lines:
+        fields = dict(item.split("=", 1) for item in env.split())
+        assert rank == rank2 == fields["RANK"] and host == host2
+        assert fields["WORLD_SIZE"] == "8" and fields["LOCAL_RANK"] == str(int(rank) % 2)
+        masters.add((fields["MASTER_ADDR"], fields["MASTER_PORT"]))
+    assert len(masters) == 1
+    # The rendezvous is rank 0's host, on its management address.
+    rank0_host = next(host for rank, host, *_ in lines if rank == "0")
+    assert masters == {(handle.hosts()[rank0_host]["ansible_host"], "29500")}
+
+
+def test_a_program_missing_on_one_host_fails_the_preflight(lab):
+    handle, _ = lab
+    program = "/var/lib/meshkit/bin/mk-hello"
+    # /var/lib/meshkit is each lab host's own: the program exists on three hosts only.
+    made = handle.ansible(
+        "-m", "ansible.builtin.shell",
+        "-a", f"mkdir -p /var/lib/meshkit/bin && printf '#!/bin/sh\\necho hi\\n' > {program} && chmod +x {program}",
+        pattern="node1,node2,node3",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    try:
+        rc, output, summary = launch(lab, launch_program=program, launch_runtime="plain")
+        assert rc != 0
+        assert "preflight failed; no rank of job" in output, output
+        assert f"node4: program {program} not found, or not executable" in output, output
+        assert "node1: program" not in output
+        assert summary is None  # nothing started
+    finally:
+        handle.ansible("-m", "ansible.builtin.file", "-a", f"path={program} state=absent", pattern="node1,node2,node3")
+
+
+def test_stale_hostfiles_fail_the_launch(lab):
+    handle, _ = lab
+    manifest = "/var/lib/meshkit/hostfiles/manifest.json"
+    node2 = holders(handle)["node2"]
+    enter = ["nsenter", "-t", str(node2), "-m", "--"]
+    original = sh(*enter, "cat", manifest).stdout
+    data = json.loads(original)
+    data["fingerprint"] = "sha256:" + "0" * 64
+    subprocess.run([*enter, "sh", "-c", f"cat > {manifest}"], input=json.dumps(data), text=True, check=True)
+    try:
+        rc, output, _ = launch(lab, launch_program="true", launch_runtime="plain")
+        assert rc != 0
+        assert "hostfiles are stale; nothing was started" in output, output
+        assert "node2: the hostfiles in /var/lib/meshkit/hostfiles were made from another cabling" in output
+        assert "node1: the hostfiles" not in output
+    finally:
+        subprocess.run([*enter, "sh", "-c", f"cat > {manifest}"], input=original, text=True, check=True)
+
+
+def test_meshkit_launch_broadcasts_a_typed_line_to_every_rank(lab):
+    handle, artifacts = lab
+    main, sub = pty.openpty()
+    argv = [PYTHON, MESHKIT, "launch", "-i", str(handle.inventory), "-r", "plain", "-n", "2", "-t", "120",
+            "-e", f"meshkit_artifacts_dir={artifacts}", "--",
+            "sh", "-c", 'echo "rank $MESHKIT_RANK waiting"; read l; echo "rank $MESHKIT_RANK got: $l"']  # fmt: skip
+    proc = subprocess.Popen(argv, stdin=sub, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
+    os.close(sub)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 240
+        # Type the line once, when every rank waits for it.
+        while seen.count(b" waiting") < 8 and time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([proc.stdout], [], [], 1)
+            if ready:
+                seen += os.read(proc.stdout.fileno(), 65536)
+        assert seen.count(b" waiting") == 8, seen.decode()
+        os.write(main, b"hello mesh\n")
+        rest, _ = proc.communicate(timeout=120)
+        seen += rest
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+        os.close(main)
+    text = seen.decode()
+    assert proc.returncode == 0, text
+    for r in range(8):
+        assert re.search(rf"^\[{r}\|node\d\] rank {r} got: hello mesh\r?$", text, re.M), text

@@ -1,0 +1,582 @@
+"""A launch planned from the one topology model: the launch variables checked and named, ranks in ring
+order with their environment per runtime (meshccl, MLX ring / JACCL, PyTorch, plain), the files each
+host gets and the ports it must have free; staleness, torch.env's NCCL variables, preflight results
+across hosts; and the launch_preflight module on this machine (programs, interpreters, ports)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import (
+    LaunchError,
+    build,
+    mlx_ring_file,
+    nccl_from_env_file,
+    preflight_problems,
+    stale_hosts,
+    validate,
+)
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
+from ansible_collections.meshkit.cluster.plugins.modules import launch_preflight
+
+from .module_harness import patch_exits, run_module
+
+SSH = {f"node{i}": f"10.9.0.{i}" for i in range(1, 6)}
+STATE = "/var/lib/meshkit/"
+JOB = "job-1"
+JOB_DIR = "/var/lib/meshkit/jobs/job-1"
+
+
+def plan_of(pairs: list[tuple[int, int]], n: int, backend: str = "", rdma: bool = False) -> dict[str, Any]:
+    """A plan for cables between host numbers, ports tb0, tb1, ... in cable order per host."""
+    used = dict.fromkeys(range(1, n + 1), 0)
+    obs = []
+    for a, b in pairs:
+        pa, pb = f"tb{used[a]}", f"tb{used[b]}"
+        used[a] += 1
+        used[b] += 1
+        obs.append(Observation(f"node{a}", pa, f"id-{a}-{pa}", [f"id-{b}-{pb}"], rdma=f"rdma_{pa}"))
+        obs.append(Observation(f"node{b}", pb, f"id-{b}-{pb}", [f"id-{a}-{pa}"], rdma=f"rdma_{pb}"))
+    return build_plan([f"node{i}" for i in range(1, n + 1)], obs, "10.50.0.0/24", backend, rdma).as_dict()
+
+
+# A ring cabled node1 - node3 - node2 - node4 - node1 (as in test_hostfiles). Cables and /30s:
+#   node1:tb0 .1 <-> node3:tb0 .2    node1:tb1 .5 <-> node4:tb1 .6
+#   node2:tb0 .9 <-> node3:tb1 .10   node2:tb1 .13 <-> node4:tb0 .14
+RING = [(1, 3), (3, 2), (2, 4), (4, 1)]
+ORDER = ["node1", "node3", "node2", "node4"]
+MESH = [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (3, 4)]
+
+
+@pytest.fixture(scope="module")
+def ring() -> dict[str, Any]:
+    return plan_of(RING, 4)
+
+
+def settings(**given: Any) -> dict[str, Any]:
+    return validate({"program": "python3 /shared/train.py --epochs 1", **given})
+
+
+def plan_job(plan: dict[str, Any], **given: Any) -> Any:
+    extra = {k: given.pop(k) for k in ("nccl", "management_interface", "master_port", "meshccl_port") if k in given}
+    return build(plan, settings(**given), job_id=JOB, state_dir=STATE, cluster="c", ssh=SSH, **extra)
+
+
+# ---- validate ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "named", "says"),
+    [
+        ({"program": "x", "ranks_per_host": 0}, "launch_ranks_per_host = 0", "min value is 1"),
+        ({"program": "x", "ranks_per_host": 257}, "launch_ranks_per_host = 257", "max value is 256"),
+        ({"program": "x", "runtime": "bogus"}, "launch_runtime = 'bogus'", "use one of meshccl, mlx, torch, plain"),
+        ({}, "launch_program = None", "required field"),
+        ({"program": ""}, "launch_program = ''", "empty values not allowed"),
+        ({"program": "x", "env": {"1BAD": "v"}}, "launch_env = {'1BAD': 'v'}", "does not match regex"),
+        ({"program": "x", "env": {"BAD-NAME": "v"}}, "launch_env", "does not match regex"),
+        ({"program": "x", "grace": 500}, "launch_grace = 500", "max value is 120"),
+        ({"program": "x", "timeout": -1}, "launch_timeout = -1", "min value is 0"),
+        ({"program": "x", "cwd": "relative/dir"}, "launch_cwd = 'relative/dir'", "absolute directory"),
+        ({"program": "x", "mlx_port": 80}, "launch_mlx_port = 80", "min value is 1024"),
+    ],
+)
+def test_validation_errors_name_the_variable(given: dict[str, Any], named: str, says: str) -> None:
+    with pytest.raises(LaunchError) as info:
+        validate(given)
+    text = str(info.value)
+    assert text.startswith("bad launch settings; nothing was started:")
+    assert named in text
+    assert says in text
+
+
+def test_every_bad_variable_is_named_at_once() -> None:
+    with pytest.raises(LaunchError) as info:
+        validate({"program": "x", "runtime": "bogus", "ranks_per_host": 0})
+    lines = str(info.value).splitlines()[1:]
+    assert [line.split(" = ")[0].strip(" -") for line in lines] == ["launch_ranks_per_host", "launch_runtime"]
+
+
+def test_program_string_that_is_not_a_command_is_named() -> None:
+    with pytest.raises(LaunchError, match=r"^launch_program = .*No closing quotation"):
+        validate({"program": "python3 'unterminated"})
+    with pytest.raises(LaunchError, match=r"^launch_program is empty"):
+        validate({"program": "   "})
+
+
+def test_program_string_is_shell_split_and_a_list_is_kept() -> None:
+    out = validate({"program": "python3 -c 'print(\"a b\")' --flag=\"x y\""})
+    assert out["program"] == ["python3", "-c", 'print("a b")', "--flag=x y"]
+    listed = ["python3", "it's one arg", "$HOME"]
+    assert validate({"program": listed})["program"] == listed
+
+
+def test_env_values_become_strings_and_numbers_are_coerced() -> None:
+    out = validate(
+        {
+            "program": ["x"],
+            "env": {"A": 1, "B": 2.5, "C": True, "D": False, "E": "text"},
+            "ranks_per_host": "2",
+            "timeout": 10,
+            "grace": "1.5",
+            "mlx_port": "40000",
+        }
+    )
+    assert out["env"] == {"A": "1", "B": "2.5", "C": "1", "D": "0", "E": "text"}
+    assert out["ranks_per_host"] == 2
+    assert out["timeout"] == 10.0 and isinstance(out["timeout"], float)
+    assert out["grace"] == 1.5
+    assert out["mlx_port"] == 40000
+
+
+def test_unset_variables_are_left_out_and_cwd_may_be_null() -> None:
+    out = validate({"program": "x", "runtime": None, "ranks_per_host": None, "env": None, "cwd": None})
+    assert out == {"program": ["x"], "cwd": None, "env": {}}
+
+
+# ---- build: ranks, meshccl ---------------------------------------------------------------------
+
+
+def test_world_size_and_ranks_in_ring_order_with_local_ranks_together(ring: dict[str, Any]) -> None:
+    job = plan_job(ring, ranks_per_host=2)
+    assert job.world_size == 8 == len(job.ranks)
+    assert job.job_dir == JOB_DIR
+    assert job.hosts() == ORDER
+    assert [(r["rank"], r["host"], r["node_rank"], r["local_rank"]) for r in job.ranks] == [
+        (0, "node1", 0, 0),
+        (1, "node1", 0, 1),
+        (2, "node3", 1, 0),
+        (3, "node3", 1, 1),
+        (4, "node2", 2, 0),
+        (5, "node2", 2, 1),
+        (6, "node4", 3, 0),
+        (7, "node4", 3, 1),
+    ]
+    assert all(r["argv"] == ["python3", "/shared/train.py", "--epochs", "1"] for r in job.ranks)
+    assert job.as_dict()["world_size"] == 8
+
+
+def test_meshccl_is_the_default_with_its_hostfile_and_common_env(ring: dict[str, Any]) -> None:
+    job = plan_job(ring, ranks_per_host=2, cwd="/shared")
+    assert job.runtime == "meshccl"
+    rank5 = job.ranks[5]
+    assert rank5["cwd"] == "/shared"
+    assert rank5["env"] == {
+        "MESHKIT_JOB_ID": JOB,
+        "MESHKIT_RANK": "5",
+        "MESHKIT_WORLD_SIZE": "8",
+        "MESHKIT_LOCAL_RANK": "1",
+        "MESHKIT_HOST": "node2",
+        "PYTHONUNBUFFERED": "1",
+        "MESHCCL_RANK": "5",
+        "MESHCCL_WORLD_SIZE": "8",
+        "MESHCCL_HOSTFILE": f"{JOB_DIR}/meshccl.json",
+    }
+    assert set(job.files) == set(ORDER)
+    assert all(set(files) == {"meshccl.json"} for files in job.files.values())
+    text = job.files["node1"]["meshccl.json"]
+    assert all(files["meshccl.json"] == text for files in job.files.values())
+    doc = json.loads(text)
+    assert doc["world_size"] == 8 and doc["cluster"] == "c"
+    assert doc["fingerprint"] == hostfiles.fingerprint(ring)
+    assert [(r["rank"], r["host"], r["port"]) for r in doc["ranks"]] == [
+        (0, "node1", 29600),
+        (1, "node1", 29601),
+        (2, "node3", 29600),
+        (3, "node3", 29601),
+        (4, "node2", 29600),
+        (5, "node2", 29601),
+        (6, "node4", 29600),
+        (7, "node4", 29601),
+    ]
+    assert job.notes == []
+
+
+def test_meshccl_ports_are_every_link_address_and_loopback_per_rank(ring: dict[str, Any]) -> None:
+    job = plan_job(ring, ranks_per_host=2, meshccl_port=31000)
+    assert job.ports["node3"] == [
+        ["10.50.0.2", 31000, "meshccl rank 2"],
+        ["10.50.0.10", 31000, "meshccl rank 2"],
+        ["127.0.0.1", 31000, "meshccl rank 2"],
+        ["10.50.0.2", 31001, "meshccl rank 3"],
+        ["10.50.0.10", 31001, "meshccl rank 3"],
+        ["127.0.0.1", 31001, "meshccl rank 3"],
+    ]
+    assert set(job.ports) == set(ORDER)
+
+
+def test_meshccl_with_one_rank_per_host_needs_no_loopback(ring: dict[str, Any]) -> None:
+    job = plan_job(ring)
+    assert job.world_size == 4
+    assert job.ports["node1"] == [["10.50.0.1", 29600, "meshccl rank 0"], ["10.50.0.5", 29600, "meshccl rank 0"]]
+    assert not any(address == "127.0.0.1" for entries in job.ports.values() for address, _, _ in entries)
+
+
+# ---- build: torch, plain, user env -------------------------------------------------------------
+
+
+def test_torch_env_master_nccl_and_gloo_interface(ring: dict[str, Any]) -> None:
+    nccl = {"node2": {"NCCL_SOCKET_IFNAME": "=tb0,tb1", "NCCL_IB_DISABLE": "1"}}
+    job = plan_job(
+        ring,
+        runtime="torch",
+        ranks_per_host=2,
+        nccl=nccl,
+        management_interface={h: "mgmt0" for h in ORDER},
+        master_port=29555,
+    )
+    rank5 = job.ranks[5]["env"]
+    assert {k: rank5[k] for k in rank5 if not k.startswith("MESHKIT_")} == {
+        "PYTHONUNBUFFERED": "1",
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "2",
+        "NODE_RANK": "2",
+        "MASTER_ADDR": "10.9.0.1",  # the management address of node1, first in ring order
+        "MASTER_PORT": "29555",
+        "NCCL_IB_DISABLE": "1",
+        "NCCL_SOCKET_IFNAME": "=tb0,tb1",
+        "GLOO_SOCKET_IFNAME": "mgmt0",
+    }
+    assert not any(k.startswith("NCCL_") for k in job.ranks[0]["env"])  # node1 has no NCCL settings
+    assert all("MESHCCL_RANK" not in r["env"] for r in job.ranks)
+    assert job.files == {h: {} for h in ORDER}
+    assert job.ports == {"node1": [["0.0.0.0", 29555, "torch MASTER_PORT (rank 0's store)"]]} | {
+        h: [] for h in ORDER[1:]
+    }
+    assert job.notes == []
+
+
+def test_torch_master_follows_the_ring_not_the_names() -> None:
+    # The same ring entered at node3: the ranks and MASTER_ADDR follow the plan's ring, not the host names.
+    plan = plan_of(RING, 4)
+    plan["ring"] = ["node3", "node2", "node4", "node1"]
+    job = build(plan, settings(runtime="torch"), job_id=JOB, state_dir=STATE, cluster="c", ssh=SSH)
+    assert [r["host"] for r in job.ranks] == ["node3", "node2", "node4", "node1"]
+    assert {r["env"]["MASTER_ADDR"] for r in job.ranks} == {"10.9.0.3"}
+    assert job.ranks[0]["env"]["RANK"] == "0"
+
+
+def test_torch_without_a_management_interface_leaves_gloo_unset_and_says_so(ring: dict[str, Any]) -> None:
+    job = plan_job(ring, runtime="torch")
+    assert all("GLOO_SOCKET_IFNAME" not in r["env"] for r in job.ranks)
+    assert job.notes == ["GLOO_SOCKET_IFNAME not set: no management interface known"]
+
+
+def test_plain_gets_only_meshkit_variables_and_user_env_overrides(ring: dict[str, Any]) -> None:
+    job = plan_job(ring, runtime="plain", env={"EXTRA": 7, "PYTHONUNBUFFERED": "0", "MESHKIT_HOST": "mine"})
+    env = job.ranks[1]["env"]
+    assert env == {
+        "MESHKIT_JOB_ID": JOB,
+        "MESHKIT_RANK": "1",
+        "MESHKIT_WORLD_SIZE": "4",
+        "MESHKIT_LOCAL_RANK": "0",
+        "MESHKIT_HOST": "mine",
+        "PYTHONUNBUFFERED": "0",
+        "EXTRA": "7",
+    }
+    assert job.files == {h: {} for h in ORDER}
+    assert job.ports == {h: [] for h in ORDER}
+
+
+def test_user_env_overrides_runtime_variables(ring: dict[str, Any]) -> None:
+    job = plan_job(ring, runtime="torch", env={"MASTER_ADDR": "10.0.0.99", "MASTER_PORT": 1234})
+    assert {r["env"]["MASTER_ADDR"] for r in job.ranks} == {"10.0.0.99"}
+    assert {r["env"]["MASTER_PORT"] for r in job.ranks} == {"1234"}
+
+
+def test_ranks_get_their_own_copies_of_the_program() -> None:
+    plan = plan_of(RING, 4)
+    job = plan_job(plan, runtime="plain")
+    job.ranks[0]["argv"].append("--changed")
+    assert job.ranks[1]["argv"] == ["python3", "/shared/train.py", "--epochs", "1"]
+
+
+# ---- build: MLX --------------------------------------------------------------------------------
+
+
+def test_mlx_ring_file_first_rank_on_the_cable_others_on_loopback(ring: dict[str, Any]) -> None:
+    assert mlx_ring_file(ring, SSH, 2, 5000) == [
+        ["10.50.0.5:5000"],  # node1, its address on the cable to node4 (its left)
+        ["127.0.0.1:5001"],
+        ["10.50.0.2:5002"],  # node3, to node1
+        ["127.0.0.1:5003"],
+        ["10.50.0.9:5004"],  # node2, to node3
+        ["127.0.0.1:5005"],
+        ["10.50.0.14:5006"],  # node4, to node2
+        ["127.0.0.1:5007"],
+    ]
+    # One rank per host: the same as the ring file the hostfiles role writes.
+    assert mlx_ring_file(ring, SSH, 1, 5000) == hostfiles.mlx_ring_runtime(hostfiles.mlx_hostfile(ring, SSH), 5000)
+
+
+def test_mlx_ring_job_files_env_and_ports(ring: dict[str, Any]) -> None:
+    job = plan_job(ring, runtime="mlx", ranks_per_host=2, mlx_port=40000)
+    expected = mlx_ring_file(ring, SSH, 2, 40000)
+    assert all(json.loads(files["mlx-ring.json"]) == expected for files in job.files.values())
+    assert set(job.files) == set(ORDER)
+    assert job.ports["node1"] == [["10.50.0.5", 40000, "MLX ring rank 0"], ["127.0.0.1", 40001, "MLX ring rank 1"]]
+    assert job.ports["node4"] == [["10.50.0.14", 40006, "MLX ring rank 6"], ["127.0.0.1", 40007, "MLX ring rank 7"]]
+    env = job.ranks[3]["env"]
+    assert env["MLX_RANK"] == "3"
+    assert env["MLX_WORLD_SIZE"] == "8"
+    assert env["MLX_HOSTFILE"] == f"{JOB_DIR}/mlx-ring.json"
+    assert "MLX_IBV_DEVICES" not in env and "MESHCCL_RANK" not in env
+
+
+def test_mlx_ring_on_a_doubled_ring_lists_both_cables_for_the_first_rank() -> None:
+    plan = plan_of([(1, 2), (1, 2), (2, 3), (2, 3), (3, 1), (3, 1)], 3)
+    ring = mlx_ring_file(plan, SSH, 2, 100)
+    assert ring[0] == ["10.50.0.9:100", "10.50.0.13:101"]
+    assert ring[1] == ["127.0.0.1:102"]
+    assert ring[2][0].endswith(":103")
+
+
+def test_mlx_without_a_ring_is_refused() -> None:
+    line = plan_of([(1, 2), (2, 3)], 3)
+    with pytest.raises(LaunchError, match="runtime mlx needs a ring through every host"):
+        plan_job(line, runtime="mlx")
+    # meshccl runs on the same cabling.
+    assert plan_job(line).world_size == 3
+
+
+def test_mlx_rdma_backend_one_rank_per_host() -> None:
+    plan = plan_of([(1, 2), (1, 3), (2, 3)], 3, rdma=True)
+    assert plan["backend"] == "jaccl"
+    with pytest.raises(LaunchError, match="backend jaccl .RDMA. runs one rank per host; set launch_ranks_per_host=1"):
+        plan_job(plan, runtime="mlx", ranks_per_host=2)
+    job = plan_job(plan, runtime="mlx", mlx_port=41000)
+    devices = [h["rdma"] for h in hostfiles.mlx_hostfile(plan, SSH)["hosts"]]
+    assert all(json.loads(files["mlx-ibv-devices.json"]) == devices for files in job.files.values())
+    env = job.ranks[2]["env"]
+    assert env["MLX_IBV_DEVICES"] == f"{JOB_DIR}/mlx-ibv-devices.json"
+    assert env["MLX_JACCL_COORDINATOR"] == "10.9.0.1:41000"
+    assert "MLX_HOSTFILE" not in env
+    first = job.hosts()[0]
+    assert job.ports[first] == [["0.0.0.0", 41000, "JACCL coordinator"]]
+
+
+# ---- stale_hosts, nccl_from_env_file, preflight_problems -------------------------------------
+
+
+def test_stale_hosts(ring: dict[str, Any]) -> None:
+    current = hostfiles.render(ring, SSH, {}, "c")[0]["manifest.json"]
+    older = hostfiles.render(plan_of(RING[:3], 4), SSH, {}, "c")[0]["manifest.json"]
+    manifests = {"node1": current, "node2": None, "node3": older, "node4": "{not json"}
+    problems = stale_hosts(ring, manifests, "/var/lib/meshkit/")
+    assert len(problems) == 3
+    by_host = {p.split(":", 1)[0]: p for p in problems}
+    assert set(by_host) == {"node2", "node3", "node4"}
+    assert by_host["node2"] == "node2: no hostfiles in /var/lib/meshkit/hostfiles; run setup.yml first"
+    assert "made from another cabling" in by_host["node3"]
+    assert json.loads(older)["fingerprint"] in by_host["node3"]
+    assert hostfiles.fingerprint(ring) in by_host["node3"]
+    assert "manifest.json is not JSON" in by_host["node4"]
+    # In ring order; a host missing from the manifests counts as having none.
+    assert [p.split(":")[0] for p in stale_hosts(ring, {}, STATE)] == ORDER
+    assert stale_hosts(ring, dict.fromkeys(ORDER, current), STATE) == []
+
+
+def test_nccl_from_env_file_reads_what_torch_env_writes(ring: dict[str, Any]) -> None:
+    nccl = {"NCCL_SOCKET_IFNAME": "=tb0,tb1", "NCCL_IB_HCA": "=rdma 0", "NCCL_IB_DISABLE": "0"}
+    text = hostfiles.torch_env(ring, "node3", SSH, 1, 29500, nccl, hostfiles.fingerprint(ring))
+    assert nccl_from_env_file(text) == nccl
+    assert nccl_from_env_file("NCCL_EMPTY=\n# NCCL_X=1\nOTHER=2\nNCCL_BROKEN\n") == {"NCCL_EMPTY": ""}
+    assert nccl_from_env_file(None) == {}
+    assert nccl_from_env_file("") == {}
+
+
+def test_preflight_problems_per_host_then_differences() -> None:
+    same = {"program": "/usr/bin/python3.11", "interpreter": "/usr/bin/python3.11", "script": "/shared/t.py"}
+    results = {
+        "node1": {**same, "problems": []},
+        "node2": {**same, "problems": []},
+        "node3": {"program": None, "interpreter": None, "script": None, "problems": ["program python3 not found"]},
+    }
+    # node3's own problem; the hosts without problems agree.
+    assert preflight_problems(results) == ["node3: program python3 not found"]
+    results["node4"] = {**same, "program": "/opt/py/bin/python3.11", "interpreter": "/opt/py/bin/python3.11"}
+    problems = preflight_problems(results)
+    assert problems[0] == "node3: program python3 not found"
+    assert problems[1] == (
+        "the program is not the same on every host (node1, node2: /usr/bin/python3.11; "
+        "node4: /opt/py/bin/python3.11); install it at one path everywhere"
+    )
+    assert problems[2].startswith("its interpreter is not the same on every host (")
+    assert len(problems) == 3  # the script is the same everywhere
+    assert preflight_problems({"a": {**same}, "b": {**same, "problems": None}}) == []
+
+
+# ---- the launch_preflight module ---------------------------------------------------------------
+
+
+Preflight = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def preflight(monkeypatch: pytest.MonkeyPatch) -> Preflight:
+    patch_exits(monkeypatch)
+
+    def run(**args: Any) -> dict[str, Any]:
+        ok, out = run_module(launch_preflight, args, check=True)
+        assert ok, out
+        assert out["changed"] is False
+        return out
+
+    return run
+
+
+@pytest.fixture
+def bin_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "bin"
+    path.mkdir()
+    return path
+
+
+def executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+PYTHON_DIR = os.path.dirname(sys.executable)
+PYTHON3 = "python3" if shutil.which("python3", path=PYTHON_DIR) else os.path.basename(sys.executable)
+
+
+def test_preflight_missing_program(preflight: Preflight, bin_dir: Path) -> None:
+    out = preflight(argv=["no-such-program-xyz", "--flag"], path=str(bin_dir))
+    assert out["program"] is None and out["interpreter"] is None and out["script"] is None
+    assert out["problems"] == [f"program no-such-program-xyz not found on PATH ({bin_dir}), or not executable"]
+    out = preflight(argv=[str(bin_dir / "absent")])
+    assert out["problems"] == [f"program {bin_dir / 'absent'} not found, or not executable"]
+
+
+def test_preflight_not_executable_is_not_found(preflight: Preflight, bin_dir: Path) -> None:
+    (bin_dir / "tool").write_text("#!/bin/sh\n")
+    out = preflight(argv=["tool"], path=str(bin_dir))
+    assert out["program"] is None
+    assert out["problems"] and "not found" in out["problems"][0]
+
+
+def test_preflight_program_on_path_resolves_to_its_real_path(preflight: Preflight, tmp_path: Path, bin_dir: Path) -> None:
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    real = executable(real_dir / "tool.sh", "#!/bin/sh\necho hi\n")
+    (bin_dir / "tool").symlink_to(real)
+    out = preflight(argv=["tool", "arg"], path=f"{tmp_path / 'empty'}:{bin_dir}")
+    assert out["problems"] == []
+    assert out["program"] == str(real.resolve())
+    assert out["interpreter"] == os.path.realpath("/bin/sh")
+    assert out["script"] is None
+
+
+def test_preflight_relative_program_is_found_from_cwd(preflight: Preflight, tmp_path: Path) -> None:
+    real = executable(tmp_path / "run.sh", "#!/bin/sh\n")
+    out = preflight(argv=["./run.sh"], cwd=str(tmp_path), path="/nonexistent")
+    assert out["problems"] == []
+    assert out["program"] == str(real.resolve())
+
+
+def test_preflight_env_shebang_is_resolved_on_path(preflight: Preflight, bin_dir: Path) -> None:
+    executable(bin_dir / "myinterp", "#!/bin/sh\n")
+    script = executable(bin_dir / "job", "#!/usr/bin/env myinterp -x\n")
+    out = preflight(argv=["job"], path=str(bin_dir))
+    assert out["problems"] == []
+    assert out["program"] == str(script.resolve())
+    assert out["interpreter"] == str((bin_dir / "myinterp").resolve())
+
+
+def test_preflight_script_whose_interpreter_is_missing(preflight: Preflight, bin_dir: Path) -> None:
+    script = executable(bin_dir / "job", "#!/nonexistent/interp -u\nprint(1)\n")
+    out = preflight(argv=["job"], path=str(bin_dir))
+    assert out["program"] == str(script.resolve())
+    assert out["interpreter"] is None
+    assert out["problems"] == [f"{script.resolve()}: its interpreter /nonexistent/interp (#! line) is missing"]
+    env_script = executable(bin_dir / "job2", "#!/usr/bin/env no-such-interp-xyz\n")
+    out = preflight(argv=["job2"], path=str(bin_dir))
+    assert out["problems"] == [f"{env_script.resolve()}: its interpreter no-such-interp-xyz (#! line) is missing"]
+
+
+def test_preflight_python_with_a_missing_script(preflight: Preflight, tmp_path: Path) -> None:
+    out = preflight(argv=[PYTHON3, "missing.py"], path=PYTHON_DIR, cwd=str(tmp_path))
+    python = os.path.realpath(os.path.join(PYTHON_DIR, PYTHON3))
+    assert out["program"] == python
+    assert out["interpreter"] == python
+    assert out["script"] is None
+    assert out["problems"] == [f"script missing.py not found (run by {python})"]
+
+
+def test_preflight_python_with_a_script_resolves_it(preflight: Preflight, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "link.py").symlink_to(tmp_path / "train.py")
+    out = preflight(argv=[PYTHON3, "-u", "ignored"], path=PYTHON_DIR, cwd=str(tmp_path))
+    assert out["problems"] == [] and out["script"] is None  # options first: nothing to check
+    out = preflight(argv=[PYTHON3, "link.py", "--epochs", "1"], path=PYTHON_DIR, cwd=str(tmp_path))
+    assert out["problems"] == []
+    assert out["script"] == str((tmp_path / "train.py").resolve())
+
+
+def test_preflight_python_module_resolves_to_its_file(preflight: Preflight) -> None:
+    out = preflight(argv=[PYTHON3, "-m", "json", "--help"], path=PYTHON_DIR)
+    assert out["problems"] == []
+    assert out["script"] == os.path.realpath(json.__file__)
+    assert out["interpreter"] == out["program"] == os.path.realpath(os.path.join(PYTHON_DIR, PYTHON3))
+
+
+def test_preflight_python_module_that_cannot_be_imported(preflight: Preflight) -> None:
+    out = preflight(argv=[PYTHON3, "-m", "no_such_mod_xyz"], path=PYTHON_DIR)
+    assert out["script"] is None
+    assert out["problems"] == [f"{out['program']} cannot import module no_such_mod_xyz (python -m)"]
+
+
+def test_preflight_missing_cwd(preflight: Preflight, tmp_path: Path) -> None:
+    out = preflight(argv=["sh"], cwd=str(tmp_path / "gone"))
+    assert out["problems"] == [f"working directory {tmp_path / 'gone'} does not exist"]
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield sock.getsockname()[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_preflight_port_in_use(preflight: Preflight, listening: int) -> None:
+    out = preflight(argv=["sh"], ports=[["127.0.0.1", listening, "meshccl rank 0"]])
+    assert len(out["problems"]) == 1
+    problem = out["problems"][0]
+    assert problem.startswith(f"port {listening} on 127.0.0.1 is in use")
+    assert problem.endswith(" (planned for meshccl rank 0)")
+
+
+def test_preflight_address_not_on_this_host(preflight: Preflight) -> None:
+    out = preflight(argv=["sh"], ports=[["192.0.2.1", free_port(), "MLX ring rank 0"]])
+    assert out["problems"] == [
+        "address 192.0.2.1 is not on this host (run setup.yml: the cabling or addresses changed)"
+        " (planned for MLX ring rank 0)"
+    ]
+
+
+def test_preflight_free_port_is_no_problem(preflight: Preflight) -> None:
+    port = free_port()
+    out = preflight(argv=["sh"], ports=[["127.0.0.1", port, "torch"], ["0.0.0.0", port], ["127.0.0.1", str(port)]])
+    assert out["problems"] == []
+    assert out["program"] == os.path.realpath(shutil.which("sh"))

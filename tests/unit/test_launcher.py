@@ -1,0 +1,456 @@
+"""The launcher with real processes: every "host" is this machine (the local connection), each with its
+own agent and job directory. Fail fast, SIGTERM then SIGKILL after the grace, daemonised children swept
+up, the timeout, a program that is missing, stdin broadcast and a prompt without its newline, a host
+whose agent dies, and no process of a job left anywhere afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+from ansible_collections.meshkit.cluster.plugins.module_utils import launch_plan
+from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import (
+    BOOTSTRAP,
+    HostJob,
+    JobResult,
+    Launcher,
+    RankState,
+    agent_argv,
+    host_jobs,
+    redact,
+)
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
+
+LOCAL = agent_argv({"kind": "local"}, sys.executable)
+SLEEP = ["sleep", "60"]
+HOSTS = ("hostA", "hostB")
+
+
+def job_pids(job_id: str) -> list[int]:
+    """Processes on this machine whose environment has MESHKIT_JOB_ID=job_id."""
+    needle = f"MESHKIT_JOB_ID={job_id}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def settled(job_id: str, within: float = 3.0) -> list[int]:
+    """The job's processes still there after a short settling time (a SIGKILL takes a moment to land)."""
+    deadline = time.monotonic() + within
+    while (pids := job_pids(job_id)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pids
+
+
+@pytest.fixture
+def job_id() -> Iterator[str]:
+    """A unique job id; whatever still carries it after the test is killed."""
+    ident = f"test-{uuid.uuid4().hex}"
+    yield ident
+    for pid in job_pids(ident):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def hosts_for(
+    tmp_path: Path,
+    job_id: str,
+    argvs: list[list[str]],
+    *,
+    argv: dict[str, list[str]] | None = None,
+    env: dict[str, str] | None = None,
+) -> list[HostJob]:
+    """Two local hosts of two ranks each: ranks 0, 1 on hostA and 2, 3 on hostB, running argvs[rank]."""
+    out = []
+    for i, host in enumerate(HOSTS):
+        ranks = [
+            {
+                "rank": rank,
+                "argv": argvs[rank],
+                "env": {"MESHKIT_JOB_ID": job_id, "MESHKIT_RANK": str(rank), **(env or {})},
+                "cwd": None,
+            }
+            for rank in (2 * i, 2 * i + 1)
+        ]
+        out.append(HostJob(host, (argv or {}).get(host, LOCAL), str(tmp_path / "jobs" / host), ranks))
+    return out
+
+
+def launch(
+    tmp_path: Path, job_id: str, argvs: list[list[str]], *, hosts: list[HostJob] | None = None, **kw: Any
+) -> JobResult:
+    kw.setdefault("grace", 1.0)
+    hosts = hosts if hosts is not None else hosts_for(tmp_path, job_id, argvs)
+    return Launcher(hosts, job_id, tmp_path / "logs", **kw).run()
+
+
+def sh(script: str) -> list[str]:
+    return ["sh", "-c", script]
+
+
+def states(result: JobResult) -> list[tuple[int, str, str]]:
+    return [(r.rank, r.host, r.state) for r in result.ranks]
+
+
+def test_every_rank_exits_0_with_logs_and_lines(tmp_path: Path, job_id: str) -> None:
+    lines: list[str] = []
+    events: list[str] = []
+
+    def on_line(rank: RankState, line: str) -> None:
+        lines.append(f"[{rank.rank}|{rank.host}] {line}")
+
+    argv = sh('echo "hello from $MESHKIT_RANK"; echo "second $MESHKIT_RANK" >&2')
+    result = launch(tmp_path, job_id, [argv] * 4, on_line=on_line, on_event=events.append)
+    assert result.ok, result.summary()
+    assert result.reason == "all 4 ranks exited 0"
+    assert states(result) == [(0, "hostA", "ok"), (1, "hostA", "ok"), (2, "hostB", "ok"), (3, "hostB", "ok")]
+    assert all(r.code == 0 and r.signal is None and r.pid for r in result.ranks)
+    assert result.all_running is not None and result.all_running < 30
+    assert result.wall < 30
+    assert result.leftovers == {} and result.host_errors == {}
+    assert any(e.startswith("all 4 ranks running after") for e in events)
+    table = result.table()
+    assert len(table) == 4 and all(" ok " in line and "exit code 0" in line for line in table)
+
+    logs = tmp_path / "logs"
+    for rank in range(4):
+        host = HOSTS[rank // 2]
+        text = (logs / f"rank-{rank}.log").read_text()
+        assert f"hello from {rank}\n" in text and f"second {rank}\n" in text  # stderr goes with stdout
+        assert f"[{rank}|{host}] hello from {rank}" in lines
+        assert f"[{rank}|{host}] second {rank}" in lines
+        # The agent keeps its own copy in the host's job directory.
+        assert f"hello from {rank}" in (tmp_path / "jobs" / host / f"rank-{rank}.log").read_text()
+    combined = (logs / "output.log").read_text().splitlines()
+    assert sorted(combined) == sorted(lines)
+    summary = json.loads((logs / "summary.json").read_text())
+    assert summary["ok"] is True
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in summary["ranks"]] == [(i, "ok", 0) for i in range(4)]
+    assert summary["ranks"][3]["last_lines"] == ["hello from 3", "second 3"]
+    assert job_pids(job_id) == []
+
+
+def test_files_are_written_into_the_job_directory_before_ranks_start(tmp_path: Path, job_id: str) -> None:
+    hosts = hosts_for(tmp_path, job_id, [sh('cat "$MESHKIT_RANK.txt"')] * 4)
+    for hj in hosts:
+        hj.files = {f"{r['rank']}.txt": f"file for {r['rank']} on {hj.host}\n" for r in hj.ranks}
+        for r in hj.ranks:
+            r["cwd"] = hj.job_dir
+    result = launch(tmp_path, job_id, [], hosts=hosts)
+    assert result.ok, result.summary()
+    assert [r.tail[-1] for r in result.ranks] == [f"file for {i} on {HOSTS[i // 2]}" for i in range(4)]
+    assert (tmp_path / "jobs" / "hostB" / "3.txt").read_text() == "file for 3 on hostB\n"
+    assert oct((tmp_path / "jobs" / "hostA").stat().st_mode & 0o777) == oct(0o700)
+
+
+def test_first_failure_stops_every_rank_on_every_host(tmp_path: Path, job_id: str) -> None:
+    argvs = [SLEEP, SLEEP, sh("sleep 0.3; echo bye; exit 3"), SLEEP]
+    result = launch(tmp_path, job_id, argvs)
+    assert not result.ok
+    assert result.wall < 30
+    failed = result.ranks[2]
+    assert (failed.state, failed.code, failed.signal, failed.error) == ("failed", 3, None, None)
+    assert list(failed.tail) == ["bye"]
+    for rank in (0, 1, 3):
+        r = result.ranks[rank]
+        assert (r.state, r.signal, r.code) == ("stopped", signal.SIGTERM, None), r
+    assert result.failed == [failed]
+    assert result.reason == "rank 2 (hostB) exit code 3"
+    assert result.table()[0].startswith("rank   2 hostB        failed   exit code 3")
+    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    assert summary["ok"] is False
+    assert [r["state"] for r in summary["ranks"]] == ["stopped", "stopped", "failed", "stopped"]
+    assert settled(job_id) == []
+
+
+def test_a_rank_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path, job_id: str) -> None:
+    # The ignored SIGTERM is inherited by sleep too: only SIGKILL ends either.
+    argvs = [sh('trap "" TERM; sleep 60'), SLEEP, SLEEP, sh("sleep 0.3; exit 1")]
+    result = launch(tmp_path, job_id, argvs, grace=0.5)
+    assert not result.ok
+    assert result.wall < 30
+    stubborn = result.ranks[0]
+    assert (stubborn.state, stubborn.signal) == ("stopped", signal.SIGKILL)
+    assert stubborn.describe() == "killed by SIGKILL"
+    assert (result.ranks[1].state, result.ranks[1].signal) == ("stopped", signal.SIGTERM)
+    assert (result.ranks[3].state, result.ranks[3].code) == ("failed", 1)
+    assert settled(job_id) == []
+
+
+def test_a_daemonised_child_is_swept_up_and_named(tmp_path: Path, job_id: str) -> None:
+    # The rank starts a sleep in its own session, prints its pid and exits 0, leaving it behind.
+    daemon = [
+        sys.executable,
+        "-c",
+        "import subprocess; p = subprocess.Popen(['sleep', '60'], start_new_session=True,"
+        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)",
+    ]
+    argvs = [["true"], ["true"], ["true"], daemon]
+    result = launch(tmp_path, job_id, argvs)
+    assert result.ok, result.summary()  # a leftover is swept, not a failure
+    pid = int(result.ranks[3].tail[-1])
+    assert result.leftovers == {"hostB": [pid]}
+    assert json.loads((tmp_path / "logs" / "summary.json").read_text())["leftovers"] == {"hostB": [pid]}
+    assert settled(job_id) == []
+
+
+def test_a_daemonised_child_holding_the_output_is_swept_up(tmp_path: Path, job_id: str) -> None:
+    argvs = [sh("(setsid sleep 60 &); echo started; exit 0"), ["true"], ["true"], ["true"]]
+    result = launch(tmp_path, job_id, argvs)
+    assert result.ok, result.summary()
+    assert result.ranks[0].tail[-1] == "started"
+    assert list(result.leftovers) == ["hostA"]
+    assert len(result.leftovers["hostA"]) == 1
+    assert settled(job_id) == []
+
+
+def test_timeout_stops_every_rank(tmp_path: Path, job_id: str) -> None:
+    result = launch(tmp_path, job_id, [SLEEP, SLEEP, SLEEP, ["true"]], timeout=1)
+    assert not result.ok
+    assert result.reason.startswith("timeout")
+    assert result.reason == "timeout after 1 s"
+    assert result.wall < 30
+    assert [r.state for r in result.ranks] == ["timeout", "timeout", "timeout", "ok"]
+    assert result.failed == []
+    assert settled(job_id) == []
+
+
+def test_a_missing_program_fails_its_rank_with_127(tmp_path: Path, job_id: str) -> None:
+    missing = str(tmp_path / "no-such-program")
+    result = launch(tmp_path, job_id, [SLEEP, [missing, "--arg"], SLEEP, SLEEP])
+    assert not result.ok
+    assert result.wall < 30
+    rank = result.ranks[1]
+    assert (rank.state, rank.code) == ("failed", 127)
+    assert rank.error is not None and missing in rank.error
+    assert rank.pid is None
+    assert [result.ranks[i].state for i in (0, 2, 3)] == ["stopped"] * 3
+    assert missing in result.reason
+    assert result.all_running is None  # one rank never ran
+    assert settled(job_id) == []
+
+
+def pipe() -> tuple[BinaryIO, int]:
+    """(the launcher's stdin: the read end, the write end's fd)."""
+    read_fd, write_fd = os.pipe()
+    return open(read_fd, "rb", buffering=0), write_fd
+
+
+def test_stdin_is_broadcast_to_every_rank(tmp_path: Path, job_id: str) -> None:
+    stdin, write_fd = pipe()
+    os.write(write_fd, b"hello\n")
+    os.close(write_fd)
+    with stdin:
+        result = launch(tmp_path, job_id, [sh('read line; echo "got $line"; cat')] * 4, stdin=stdin, timeout=30)
+    assert result.ok, result.summary()  # `cat` ends: the end of stdin reaches every rank
+    for rank in range(4):
+        assert "got hello\n" in (tmp_path / "logs" / f"rank-{rank}.log").read_text()
+        assert list(result.ranks[rank].tail) == ["got hello"]
+
+
+def test_without_stdin_ranks_read_end_of_file(tmp_path: Path, job_id: str) -> None:
+    result = launch(tmp_path, job_id, [sh('cat; echo "eof $MESHKIT_RANK"')] * 4, timeout=30)
+    assert result.ok, result.summary()
+    assert [r.tail[-1] for r in result.ranks] == [f"eof {i}" for i in range(4)]
+
+
+def test_a_prompt_without_newline_shows_before_it_is_answered(tmp_path: Path, job_id: str) -> None:
+    stdin, write_fd = pipe()
+    seen: list[tuple[int, str]] = []
+    answered = threading.Event()
+
+    def on_line(rank: RankState, line: str) -> None:
+        seen.append((rank.rank, line))
+        if line == "(Pdb) " and not answered.is_set():
+            answered.set()
+            os.write(write_fd, b"continue\n")
+            os.close(write_fd)
+
+    argvs = [sh('printf "(Pdb) "; read x; echo "answer $x"')] * 4
+    try:
+        with stdin:
+            result = launch(tmp_path, job_id, argvs, stdin=stdin, partial_flush=0.1, on_line=on_line, timeout=20)
+    finally:
+        if not answered.is_set():
+            os.close(write_fd)
+    assert answered.is_set()
+    assert result.ok, result.summary()
+    # The prompt came out on its own, before any rank had its answer.
+    first_answer = next(i for i, (_, line) in enumerate(seen) if line.startswith("answer"))
+    assert any(line == "(Pdb) " for _, line in seen[:first_answer])
+    for rank in range(4):
+        assert (rank, "answer continue") in seen
+        assert (tmp_path / "logs" / f"rank-{rank}.log").read_text() == "(Pdb) answer continue\n"
+
+
+def test_partial_line_without_flush_is_kept_until_the_rank_ends(tmp_path: Path, job_id: str) -> None:
+    seen: list[tuple[int, str]] = []
+    result = launch(
+        tmp_path,
+        job_id,
+        [sh('printf "no newline $MESHKIT_RANK"')] * 4,
+        on_line=lambda rank, line: seen.append((rank.rank, line)),
+    )
+    assert result.ok, result.summary()
+    assert sorted(seen) == [(i, f"no newline {i}") for i in range(4)]
+
+
+def test_a_host_whose_agent_dies_loses_its_ranks_and_stops_the_rest(tmp_path: Path, job_id: str) -> None:
+    hosts = hosts_for(tmp_path, job_id, [SLEEP] * 4, argv={"hostB": ["sh", "-c", "exit 5"]})
+    result = launch(tmp_path, job_id, [], hosts=hosts)
+    assert not result.ok
+    assert result.wall < 30
+    assert states(result) == [
+        (0, "hostA", "stopped"),
+        (1, "hostA", "stopped"),
+        (2, "hostB", "lost"),
+        (3, "hostB", "lost"),
+    ]
+    assert all(r.error and r.error.startswith("lost the host's agent") for r in result.ranks[2:])
+    assert [r.rank for r in result.failed] == [2, 3]
+    assert "hostB" in result.reason
+    assert settled(job_id) == []
+
+
+def test_a_host_whose_connection_talks_nonsense(tmp_path: Path, job_id: str) -> None:
+    banner = ["sh", "-c", "cat >/dev/null & echo 'Welcome to hostB'; echo oops >&2; exit 0"]
+    hosts = hosts_for(tmp_path, job_id, [SLEEP] * 4, argv={"hostB": banner})
+    result = launch(tmp_path, job_id, [], hosts=hosts)
+    assert not result.ok
+    assert [r.state for r in result.ranks] == ["stopped", "stopped", "lost", "lost"]
+    assert "Welcome to hostB" in result.host_errors["hostB"]
+    assert settled(job_id) == []
+
+
+def test_a_controller_that_goes_away_takes_the_ranks_with_it(tmp_path: Path, job_id: str) -> None:
+    # The agent alone, fed the job and then end of input, as when the controller dies.
+    import subprocess
+
+    source = (Path(launch_plan.__file__).with_name("launch_agent.py")).read_bytes()
+    job = {"job": job_id, "dir": str(tmp_path / "job"), "files": {}, "grace": 0.5, "stdin": False}
+    job["ranks"] = [{"rank": 0, "argv": SLEEP, "env": {"MESHKIT_JOB_ID": job_id}, "cwd": None}]
+    proc = subprocess.Popen(LOCAL, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        out, _ = proc.communicate(
+            f"{len(source):010d}".encode() + source + (json.dumps(job) + "\n").encode(), timeout=30
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    messages = [json.loads(line) for line in out.decode().splitlines()]
+    assert [m["t"] for m in messages] == ["started", "exit", "bye"]
+    assert messages[1]["stopped"] is True and messages[1]["sig"] == signal.SIGTERM
+    assert settled(job_id) == []
+
+
+# ---- planning the hosts' shares ------------------------------------------------------------------
+
+
+def test_agent_argv_local_and_nsenter() -> None:
+    assert LOCAL == [sys.executable, "-u", "-c", BOOTSTRAP]
+    ns = agent_argv({"kind": "nsenter", "pid": 1234}, "python3")
+    assert ns == ["nsenter", "-t", "1234", "-n", "-m", "-u", "-i", "-p", "--", "python3", "-u", "-c", BOOTSTRAP]
+    with pytest.raises(ValueError, match="unknown connection kind 'telnet'"):
+        agent_argv({"kind": "telnet"}, "python3")
+
+
+def test_agent_argv_ssh_quotes_the_remote_command_as_one_word_list() -> None:
+    conn = {
+        "kind": "ssh",
+        "host": "10.9.0.3",
+        "port": 2222,
+        "user": "ops",
+        "key": "/home/ops/.ssh/id_ed25519",
+        "args": ["-o", "StrictHostKeyChecking=accept-new"],
+    }
+    argv = agent_argv(conn, "/opt/py 3/bin/python3")
+    assert argv[:4] == ["ssh", "-T", "-o", "BatchMode=yes"]
+    assert argv[argv.index("-p") + 1] == "2222"
+    assert argv[argv.index("-l") + 1] == "ops"
+    assert argv[argv.index("-i") + 1] == "/home/ops/.ssh/id_ed25519"
+    assert argv[-4:-2] == ["-o", "StrictHostKeyChecking=accept-new"]
+    assert argv[-2] == "10.9.0.3"
+    assert shlex.split(argv[-1]) == ["/opt/py 3/bin/python3", "-u", "-c", BOOTSTRAP]
+    bare = agent_argv({"kind": "ssh", "host": "node1"}, "python3")
+    assert bare == ["ssh", "-T", "-o", "BatchMode=yes", "node1", shlex.join(["python3", "-u", "-c", BOOTSTRAP])]
+
+
+def test_bootstrap_runs_the_agent_through_a_shell(tmp_path: Path, job_id: str) -> None:
+    # What a remote login shell does with the ssh command: split it again, then run it.
+    remote = agent_argv({"kind": "ssh", "host": "h"}, sys.executable)[-1]
+    hosts = hosts_for(tmp_path, job_id, [["true"]] * 4, argv={"hostA": ["sh", "-c", remote]})
+    result = launch(tmp_path, job_id, [], hosts=hosts)
+    assert result.ok, result.summary()
+
+
+def plan_of_ring() -> dict[str, Any]:
+    obs = []
+    for a, b, pa, pb in [(1, 2, "tb0", "tb0"), (2, 3, "tb1", "tb0"), (3, 1, "tb1", "tb1")]:
+        obs.append(Observation(f"node{a}", pa, f"id-{a}-{pa}", [f"id-{b}-{pb}"]))
+        obs.append(Observation(f"node{b}", pb, f"id-{b}-{pb}", [f"id-{a}-{pa}"]))
+    return build_plan(["node1", "node2", "node3"], obs, "10.50.0.0/24", "", False).as_dict()
+
+
+def test_host_jobs_group_ranks_by_host_and_add_the_meshccl_token() -> None:
+    plan = plan_of_ring()
+    settings = launch_plan.validate({"program": "python3 t.py", "ranks_per_host": 2})
+    job = launch_plan.build(plan, settings, job_id="j", state_dir="/s", cluster="c", ssh={}).as_dict()
+    connections = {
+        "node1": {"kind": "local", "python": "/usr/bin/python3"},
+        "node2": {"kind": "nsenter", "pid": 7},
+        "node3": {"kind": "ssh", "host": "10.9.0.3"},
+    }
+    shares = host_jobs(job, connections, "sekret")
+    assert [hj.host for hj in shares] == list(dict.fromkeys(r["host"] for r in job["ranks"]))
+    first = shares[0]
+    assert first.argv == ["/usr/bin/python3", "-u", "-c", BOOTSTRAP]
+    assert shares[1].argv[:3] == ["nsenter", "-t", "7"] and shares[1].argv[-4] == "python3"
+    assert first.job_dir == "/s/jobs/j"
+    assert [r["rank"] for r in first.ranks] == [0, 1]
+    assert first.files == {"meshccl.json": job["files"][first.host]["meshccl.json"]}
+    assert all(r["env"]["MESHCCL_TOKEN"] == "sekret" for hj in shares for r in hj.ranks)
+    assert "MESHCCL_TOKEN" not in job["ranks"][0]["env"]  # the plan itself is not changed
+    assert redact(first.ranks[0]["env"])["MESHCCL_TOKEN"] == "<hidden>"
+    assert redact(first.ranks[0]["env"])["MESHCCL_RANK"] == "0"
+
+    plain = launch_plan.build(
+        plan, {**settings, "runtime": "plain"}, job_id="j", state_dir="/s", cluster="c", ssh={}
+    ).as_dict()
+    assert all("MESHCCL_TOKEN" not in r["env"] for hj in host_jobs(plain, connections, "t") for r in hj.ranks)
+
+
+def test_a_planned_job_runs_end_to_end(tmp_path: Path, job_id: str) -> None:
+    plan = plan_of_ring()
+    settings = launch_plan.validate(
+        {
+            "program": ["sh", "-c", 'test -s "$MESHCCL_HOSTFILE" && echo "rank $MESHCCL_RANK of $MESHCCL_WORLD_SIZE"'],
+            "ranks_per_host": 2,
+        }
+    )
+    job = launch_plan.build(plan, settings, job_id=job_id, state_dir=str(tmp_path / "state"), cluster="c", ssh={})
+    shares = host_jobs(job.as_dict(), dict.fromkeys(job.hosts(), {"kind": "local", "python": sys.executable}), "t")
+    result = Launcher(shares, job_id, tmp_path / "logs", grace=1.0).run()
+    assert result.ok, result.summary()
+    assert [r.tail[-1] for r in result.ranks] == [f"rank {i} of 6" for i in range(6)]
+    assert json.loads((tmp_path / "state" / "jobs" / job_id / "meshccl.json").read_text())["world_size"] == 6
