@@ -99,6 +99,8 @@ class Rank:
         self.reported = False
         self.stopped = False
         self.exited_at: float | None = None
+        self.stdin_pending = b""  # broadcast input this rank has not read yet
+        self.stdin_eof = False  # close its stdin once the pending input is written
 
 
 class Agent:
@@ -164,11 +166,20 @@ class Agent:
                     start_new_session=True,
                     preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
                 )
-            except OSError as exc:
+            except (OSError, ValueError, TypeError) as exc:
+                # OSError: no such program or working directory (filename says which); ValueError /
+                # TypeError: an argument or variable Popen refuses (a NUL byte, not a string).
+                rank.proc = None
                 rank.eof = True
                 rank.reported = True
-                self.send(t="exit", r=rank.rank, code=127, sig=None, err=f"{spec['argv'][0]}: {exc.strerror}")
+                if isinstance(exc, OSError):
+                    why = f"{exc.filename or spec['argv'][0]}: {exc.strerror}"
+                else:
+                    why = f"cannot start {spec['argv'][0]}: {exc}"
+                self.send(t="exit", r=rank.rank, code=127, sig=None, err=why)
                 continue
+            if rank.proc.stdin:
+                os.set_blocking(rank.proc.stdin.fileno(), False)
             os.set_blocking(rank.proc.stdout.fileno(), False)
             self.sel.register(rank.proc.stdout, selectors.EVENT_READ, rank)
             self.send(t="started", r=rank.rank, pid=rank.proc.pid)
@@ -197,18 +208,34 @@ class Agent:
                 self.to_ranks(msg["d"].encode("utf-8", "surrogateescape"))
             elif kind == "stdin_eof":
                 for rank in self.ranks:
-                    if rank.proc and rank.proc.stdin:
-                        with contextlib.suppress(OSError):
-                            rank.proc.stdin.close()
+                    rank.stdin_eof = True
+                    self.feed(rank)
 
     def to_ranks(self, data: bytes) -> None:
         for rank in self.ranks:
-            if rank.proc and rank.proc.stdin and rank.proc.returncode is None:
-                try:
-                    rank.proc.stdin.write(data)
-                    rank.proc.stdin.flush()
-                except OSError:
-                    pass  # this rank closed its stdin or is gone; its exit is reported as usual
+            if rank.proc and rank.proc.stdin and not rank.proc.stdin.closed:
+                rank.stdin_pending += data
+                self.feed(rank)
+
+    def feed(self, rank: Rank) -> None:
+        """Write what a rank's stdin can take now, never blocking: a rank that does not read
+        its input must not stop the agent from forwarding output or stopping the job."""
+        stdin = rank.proc.stdin if rank.proc else None
+        if stdin is None or stdin.closed:
+            rank.stdin_pending = b""
+            return
+        while rank.stdin_pending:
+            try:
+                n = os.write(stdin.fileno(), rank.stdin_pending)
+            except BlockingIOError:
+                return
+            except OSError:
+                rank.stdin_pending = b""  # it closed its stdin or is gone; its exit is reported as usual
+                break
+            rank.stdin_pending = rank.stdin_pending[n:]
+        if rank.stdin_eof:
+            with contextlib.suppress(OSError):
+                stdin.close()
 
     def on_output(self, rank: Rank) -> None:
         try:
@@ -313,6 +340,9 @@ class Agent:
                     self.on_input()
                 else:
                     self.on_output(key.data)
+            for rank in self.ranks:
+                if rank.stdin_pending:
+                    self.feed(rank)
             self.reap()
             self.escalate()
         self.send(t="bye", left=self.sweep())
@@ -320,7 +350,9 @@ class Agent:
 
 
 def main() -> int:
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # A rank that closed its stdin must not kill the agent when input is broadcast (EPIPE is
+    # handled where it happens); the ranks themselves get the default back from Popen.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     # SIGTERM/SIGHUP to the agent (sshd closing the session) stop the job like end of input.
     agent = Agent()
 

@@ -14,6 +14,7 @@ Used by the ``meshkit.cluster.launch`` action (launch.yml) and by ``meshkit laun
 
 from __future__ import annotations
 
+import codecs
 import collections
 import contextlib
 import json
@@ -97,6 +98,7 @@ class RankState:
     error: str | None = None
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     partial: str = ""
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     partial_at: float = 0.0
     started_at: float | None = None
     ended_at: float | None = None
@@ -255,7 +257,12 @@ class Launcher:
         self.combined.write(f"[{rank.rank}|{rank.host}] {line}\n")
         self.on_line(rank, line)
 
-    def _output(self, rank: RankState, text: str) -> None:
+    def _output(self, rank: RankState, raw: str) -> None:
+        # The agent sends bytes as surrogate-escaped text, chunk by chunk; a character split
+        # between two chunks is put together here.
+        self._output_text(rank, rank.decoder.decode(raw.encode("utf-8", "surrogateescape")))
+
+    def _output_text(self, rank: RankState, text: str) -> None:
         self.rank_logs[rank.rank].write(text)
         self.rank_logs[rank.rank].flush()
         text = rank.partial + text
@@ -331,6 +338,9 @@ class Launcher:
             return
         rank.ended_at = time.monotonic()
         rank.code, rank.signal, rank.error = msg.get("code"), msg.get("sig"), msg.get("err")
+        rest = rank.decoder.decode(b"", final=True)  # an incomplete character at the very end
+        if rest:
+            self._output_text(rank, rest)
         if rank.partial:
             line, rank.partial = rank.partial, ""
             self._emit(rank, line)

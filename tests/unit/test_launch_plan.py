@@ -114,7 +114,7 @@ def test_program_string_that_is_not_a_command_is_named() -> None:
 
 
 def test_program_string_is_shell_split_and_a_list_is_kept() -> None:
-    out = validate({"program": "python3 -c 'print(\"a b\")' --flag=\"x y\""})
+    out = validate({"program": 'python3 -c \'print("a b")\' --flag="x y"'})
     assert out["program"] == ["python3", "-c", 'print("a b")', "--flag=x y"]
     listed = ["python3", "it's one arg", "$HOME"]
     assert validate({"program": listed})["program"] == listed
@@ -354,7 +354,9 @@ def test_mlx_without_a_ring_is_refused() -> None:
 def test_mlx_rdma_backend_one_rank_per_host() -> None:
     plan = plan_of([(1, 2), (1, 3), (2, 3)], 3, rdma=True)
     assert plan["backend"] == "jaccl"
-    with pytest.raises(LaunchError, match="backend jaccl .RDMA. runs one rank per host; set launch_ranks_per_host=1"):
+    with pytest.raises(
+        LaunchError, match=r"backend jaccl \(RDMA\) runs one rank per host; set launch_ranks_per_host=1"
+    ):
         plan_job(plan, runtime="mlx", ranks_per_host=2)
     job = plan_job(plan, runtime="mlx", mlx_port=41000)
     devices = [h["rdma"] for h in hostfiles.mlx_hostfile(plan, SSH)["hosts"]]
@@ -469,7 +471,9 @@ def test_preflight_not_executable_is_not_found(preflight: Preflight, bin_dir: Pa
     assert out["problems"] and "not found" in out["problems"][0]
 
 
-def test_preflight_program_on_path_resolves_to_its_real_path(preflight: Preflight, tmp_path: Path, bin_dir: Path) -> None:
+def test_preflight_program_on_path_resolves_to_its_real_path(
+    preflight: Preflight, tmp_path: Path, bin_dir: Path
+) -> None:
     real_dir = tmp_path / "real"
     real_dir.mkdir()
     real = executable(real_dir / "tool.sh", "#!/bin/sh\necho hi\n")

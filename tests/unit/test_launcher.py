@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any, BinaryIO
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import launch_plan
 from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import (
+    AGENT_SOURCE,
     BOOTSTRAP,
     HostJob,
     JobResult,
@@ -147,7 +149,7 @@ def test_every_rank_exits_0_with_logs_and_lines(tmp_path: Path, job_id: str) -> 
     assert summary["ok"] is True
     assert [(r["rank"], r["state"], r["exit_code"]) for r in summary["ranks"]] == [(i, "ok", 0) for i in range(4)]
     assert summary["ranks"][3]["last_lines"] == ["hello from 3", "second 3"]
-    assert job_pids(job_id) == []
+    assert settled(job_id) == []
 
 
 def test_files_are_written_into_the_job_directory_before_ranks_start(tmp_path: Path, job_id: str) -> None:
@@ -165,8 +167,10 @@ def test_files_are_written_into_the_job_directory_before_ranks_start(tmp_path: P
 
 def test_first_failure_stops_every_rank_on_every_host(tmp_path: Path, job_id: str) -> None:
     argvs = [SLEEP, SLEEP, sh("sleep 0.3; echo bye; exit 3"), SLEEP]
-    result = launch(tmp_path, job_id, argvs)
+    running: list[int] = []
+    result = launch(tmp_path, job_id, argvs, on_line=lambda _rank, _line: running.extend(job_pids(job_id)))
     assert not result.ok
+    assert len(running) >= 3  # the scan sees the job's processes while they run
     assert result.wall < 30
     failed = result.ranks[2]
     assert (failed.state, failed.code, failed.signal, failed.error) == ("failed", 3, None, None)
@@ -268,6 +272,23 @@ def test_stdin_is_broadcast_to_every_rank(tmp_path: Path, job_id: str) -> None:
         assert list(result.ranks[rank].tail) == ["got hello"]
 
 
+def test_a_rank_that_never_reads_its_stdin_does_not_hold_up_the_job(tmp_path: Path, job_id: str) -> None:
+    # 1 MiB of input, far beyond a pipe's 64 KiB, for ranks that never read it: the agents keep
+    # forwarding output and still stop the job at once when rank 3 fails.
+    stdin, write_fd = pipe()
+    writer = threading.Thread(target=lambda: (os.write(write_fd, b"x" * (1 << 20)), os.close(write_fd)))
+    writer.start()
+    argvs = [sh("echo up; sleep 60")] * 3 + [sh("echo up; sleep 1; exit 3")]
+    started = time.monotonic()
+    with stdin:
+        result = launch(tmp_path, job_id, argvs, stdin=stdin)
+    writer.join(timeout=30)
+    assert time.monotonic() - started < 10, "stopping waited for the stuck stdin (grace + 10 s)"
+    assert [r.state for r in result.ranks] == ["stopped", "stopped", "stopped", "failed"]
+    assert all(list(r.tail) == ["up"] for r in result.ranks)
+    assert settled(job_id) == []
+
+
 def test_without_stdin_ranks_read_end_of_file(tmp_path: Path, job_id: str) -> None:
     result = launch(tmp_path, job_id, [sh('cat; echo "eof $MESHKIT_RANK"')] * 4, timeout=30)
     assert result.ok, result.summary()
@@ -299,7 +320,8 @@ def test_a_prompt_without_newline_shows_before_it_is_answered(tmp_path: Path, jo
     first_answer = next(i for i, (_, line) in enumerate(seen) if line.startswith("answer"))
     assert any(line == "(Pdb) " for _, line in seen[:first_answer])
     for rank in range(4):
-        assert (rank, "answer continue") in seen
+        # A rank whose prompt was not shown yet when the answer came shows both on one line.
+        assert any(r == rank and line.endswith("answer continue") for r, line in seen)
         assert (tmp_path / "logs" / f"rank-{rank}.log").read_text() == "(Pdb) answer continue\n"
 
 
@@ -333,7 +355,13 @@ def test_a_host_whose_agent_dies_loses_its_ranks_and_stops_the_rest(tmp_path: Pa
 
 
 def test_a_host_whose_connection_talks_nonsense(tmp_path: Path, job_id: str) -> None:
-    banner = ["sh", "-c", "cat >/dev/null & echo 'Welcome to hostB'; echo oops >&2; exit 0"]
+    # Reads all the launcher sends (so nothing is cut off), then answers with a banner instead of an agent.
+    banner = [
+        sys.executable,
+        "-c",
+        "import sys; n = int(sys.stdin.buffer.read(10)); sys.stdin.buffer.read(n); sys.stdin.buffer.readline();"
+        " print('Welcome to hostB'); sys.stderr.write('oops\\n')",
+    ]
     hosts = hosts_for(tmp_path, job_id, [SLEEP] * 4, argv={"hostB": banner})
     result = launch(tmp_path, job_id, [], hosts=hosts)
     assert not result.ok
@@ -342,33 +370,107 @@ def test_a_host_whose_connection_talks_nonsense(tmp_path: Path, job_id: str) -> 
     assert settled(job_id) == []
 
 
-def test_a_controller_that_goes_away_takes_the_ranks_with_it(tmp_path: Path, job_id: str) -> None:
-    # The agent alone, fed the job and then end of input, as when the controller dies.
-    import subprocess
-
-    source = (Path(launch_plan.__file__).with_name("launch_agent.py")).read_bytes()
-    job = {"job": job_id, "dir": str(tmp_path / "job"), "files": {}, "grace": 0.5, "stdin": False}
-    job["ranks"] = [{"rank": 0, "argv": SLEEP, "env": {"MESHKIT_JOB_ID": job_id}, "cwd": None}]
+def agent_alone(job_id: str, job_dir: Path, ranks: list[dict[str, Any]]) -> subprocess.Popen:
+    """An agent started as the launcher starts it, given its job; its stdin stays open."""
     proc = subprocess.Popen(LOCAL, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    source = AGENT_SOURCE.read_bytes()
+    job = {"job": job_id, "dir": str(job_dir), "files": {}, "grace": 0.5, "stdin": False, "ranks": ranks}
+    assert proc.stdin is not None
+    proc.stdin.write(f"{len(source):010d}".encode() + source + (json.dumps(job) + "\n").encode())
+    proc.stdin.flush()
+    return proc
+
+
+def finish(proc: subprocess.Popen, within: float = 10.0) -> list[dict[str, Any]]:
+    """Close the agent's input (the controller is gone) and collect what it says until it ends."""
     try:
-        out, _ = proc.communicate(
-            f"{len(source):010d}".encode() + source + (json.dumps(job) + "\n").encode(), timeout=30
-        )
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    messages = [json.loads(line) for line in out.decode().splitlines()]
+        out, _ = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the agent did not finish within {within:g} s of the end of its input")
+    return [json.loads(line) for line in out.decode().splitlines()]
+
+
+def rank_spec(job_id: str, rank: int, argv: list[str], cwd: str | None = None) -> dict[str, Any]:
+    return {"rank": rank, "argv": argv, "env": {"MESHKIT_JOB_ID": job_id}, "cwd": cwd}
+
+
+def test_a_controller_that_goes_away_stops_the_ranks(tmp_path: Path, job_id: str) -> None:
+    proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, SLEEP)])
+    messages = finish(proc)
     assert [m["t"] for m in messages] == ["started", "exit", "bye"]
     assert messages[1]["stopped"] is True and messages[1]["sig"] == signal.SIGTERM
+    assert proc.returncode == 0
     assert settled(job_id) == []
+
+
+def test_a_killed_agent_takes_its_ranks_with_it(tmp_path: Path, job_id: str) -> None:
+    proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, SLEEP), rank_spec(job_id, 1, SLEEP)])
+    try:
+        assert proc.stdout is not None
+        started = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        assert [m["t"] for m in started] == ["started", "started"]
+        assert len(job_pids(job_id)) == 2
+    finally:
+        proc.kill()  # no chance to stop anything: PR_SET_PDEATHSIG does it
+        proc.communicate()
+    assert settled(job_id) == []
+
+
+def test_a_rank_that_cannot_be_started_still_lets_the_agent_finish(tmp_path: Path, job_id: str) -> None:
+    # Popen refuses an argument with a NUL byte (ValueError, not OSError) after rank 0 has started.
+    ranks = [rank_spec(job_id, 0, SLEEP), rank_spec(job_id, 1, ["sh", "-c", "echo a\0b"])]
+    proc = agent_alone(job_id, tmp_path / "job", ranks)
+    messages = finish(proc)
+    assert messages[-1]["t"] == "bye"
+    # The controller hears why rank 1 did not start: its exit, or the job's error.
+    assert any(m["t"] == "error" or (m["t"] == "exit" and m["r"] == 1) for m in messages)
+    assert settled(job_id) == []
+
+
+def test_a_missing_working_directory_is_named(tmp_path: Path, job_id: str) -> None:
+    gone = str(tmp_path / "gone")
+    proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, ["sh", "-c", "true"], cwd=gone)])
+    messages = finish(proc)
+    exits = [m for m in messages if m["t"] == "exit"]
+    assert len(exits) == 1 and exits[0]["code"] != 0
+    assert gone in exits[0]["err"], exits[0]["err"]
+
+
+def test_stdin_for_a_rank_that_closed_its_stdin_does_not_kill_the_agent(tmp_path: Path, job_id: str) -> None:
+    stdin, write_fd = pipe()
+
+    def on_line(_rank: RankState, line: str) -> None:
+        if line == "closed":  # rank 0 has closed its stdin; now the input comes
+            os.write(write_fd, b"hello\n")
+            os.close(write_fd)
+
+    argvs = [sh("exec 0<&-; echo closed; sleep 0.5; echo done"), sh('read x; echo "got $x"'), ["true"], ["true"]]
+    with stdin:
+        result = launch(tmp_path, job_id, argvs, stdin=stdin, on_line=on_line, timeout=20)
+    assert result.ok, result.summary()
+    assert list(result.ranks[0].tail) == ["closed", "done"]
+    assert list(result.ranks[1].tail) == ["got hello"]
+    assert settled(job_id) == []
+
+
+def test_a_character_split_across_reads_arrives_whole(tmp_path: Path, job_id: str) -> None:
+    seen: list[str] = []
+    # "é" is \303\251 in UTF-8: its two bytes come out 0.3 s apart, in two reads.
+    split = sh("printf '\\303'; sleep 0.3; printf '\\251t\\n'")
+    result = launch(tmp_path, job_id, [split, ["true"], ["true"], ["true"]], on_line=lambda _r, line: seen.append(line))
+    assert result.ok, result.summary()
+    assert seen == ["ét"]
+    assert (tmp_path / "logs" / "rank-0.log").read_text(encoding="utf-8") == "ét\n"
+    assert (tmp_path / "jobs" / "hostA" / "rank-0.log").read_bytes() == "ét\n".encode()
 
 
 # ---- planning the hosts' shares ------------------------------------------------------------------
 
 
 def test_agent_argv_local_and_nsenter() -> None:
-    assert LOCAL == [sys.executable, "-u", "-c", BOOTSTRAP]
+    assert agent_argv({"kind": "local"}, "/usr/bin/python3") == ["/usr/bin/python3", "-u", "-c", BOOTSTRAP]
     ns = agent_argv({"kind": "nsenter", "pid": 1234}, "python3")
     assert ns == ["nsenter", "-t", "1234", "-n", "-m", "-u", "-i", "-p", "--", "python3", "-u", "-c", BOOTSTRAP]
     with pytest.raises(ValueError, match="unknown connection kind 'telnet'"):
@@ -449,7 +551,7 @@ def test_a_planned_job_runs_end_to_end(tmp_path: Path, job_id: str) -> None:
         }
     )
     job = launch_plan.build(plan, settings, job_id=job_id, state_dir=str(tmp_path / "state"), cluster="c", ssh={})
-    shares = host_jobs(job.as_dict(), dict.fromkeys(job.hosts(), {"kind": "local", "python": sys.executable}), "t")
+    shares = host_jobs(job.as_dict(), {h: {"kind": "local", "python": sys.executable} for h in job.hosts()}, "t")
     result = Launcher(shares, job_id, tmp_path / "logs", grace=1.0).run()
     assert result.ok, result.summary()
     assert [r.tail[-1] for r in result.ranks] == [f"rank {i} of 6" for i in range(6)]
