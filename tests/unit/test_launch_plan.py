@@ -25,28 +25,15 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import
     stale_hosts,
     validate,
 )
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
 from ansible_collections.meshkit.cluster.plugins.modules import launch_preflight
 
 from .module_harness import patch_exits, run_module
+from .test_hostfiles import plan_of
 
 SSH = {f"node{i}": f"10.9.0.{i}" for i in range(1, 6)}
 STATE = "/var/lib/meshkit/"
 JOB = "job-1"
 JOB_DIR = "/var/lib/meshkit/jobs/job-1"
-
-
-def plan_of(pairs: list[tuple[int, int]], n: int, backend: str = "", rdma: bool = False) -> dict[str, Any]:
-    """A plan for cables between host numbers, ports tb0, tb1, ... in cable order per host."""
-    used = dict.fromkeys(range(1, n + 1), 0)
-    obs = []
-    for a, b in pairs:
-        pa, pb = f"tb{used[a]}", f"tb{used[b]}"
-        used[a] += 1
-        used[b] += 1
-        obs.append(Observation(f"node{a}", pa, f"id-{a}-{pa}", [f"id-{b}-{pb}"], rdma=f"rdma_{pa}"))
-        obs.append(Observation(f"node{b}", pb, f"id-{b}-{pb}", [f"id-{a}-{pa}"], rdma=f"rdma_{pb}"))
-    return build_plan([f"node{i}" for i in range(1, n + 1)], obs, "10.50.0.0/24", backend, rdma).as_dict()
 
 
 # A ring cabled node1 - node3 - node2 - node4 - node1 (as in test_hostfiles). Cables and /30s:
