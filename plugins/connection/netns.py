@@ -35,7 +35,6 @@ extends_documentation_fragment:
   - connection_pipelining
 """
 
-import json
 import os
 import shlex
 import subprocess
@@ -44,6 +43,7 @@ from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNo
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import ConnectionError_, lab_holder
 
 display = Display()
 
@@ -62,37 +62,14 @@ class Connection(ConnectionBase):
     def _connect(self) -> Connection:
         if self._connected:
             return self
-        lab_dir = self.get_option("lab_dir")
         netns = self.get_option("netns")
-        host = self._play_context.remote_addr
         try:
-            with open(os.path.join(lab_dir, "state.json")) as handle:
-                holders = json.load(handle)["holders"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise AnsibleConnectionFailure(f"no lab record in {lab_dir} ({exc}); build the lab first") from exc
-        name = self._host_name(holders, netns)
-        pid = holders.get(name)
-        try:
-            alive = os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
-        except OSError:
-            alive = False
-        if not alive:
-            raise AnsibleConnectionFailure(
-                f"lab host {name} ({host}): holder process {pid} is not in namespace {netns}; "
-                "rebuild the lab with playbooks/lab.yml"
-            )
-        self._pid = pid
+            _name, self._pid = lab_holder(self.get_option("lab_dir"), netns)
+        except ConnectionError_ as exc:
+            raise AnsibleConnectionFailure(f"{self._play_context.remote_addr}: {exc}") from exc
         self._connected = True
-        display.vvv(f"NETNS: entering {netns} through pid {pid}", host=host)
+        display.vvv(f"NETNS: entering {netns} through pid {self._pid}", host=self._play_context.remote_addr)
         return self
-
-    @staticmethod
-    def _host_name(holders: dict, netns: str) -> str:
-        # The namespace is "<lab>-<host>", the record is keyed by host.
-        for name in holders:
-            if netns.endswith("-" + name):
-                return name
-        raise AnsibleConnectionFailure(f"namespace {netns} is not a host of this lab ({sorted(holders)})")
 
     def _nsenter(self, argv: list[str]) -> list[str]:
         return ["nsenter", "-t", str(self._pid), "-n", "-m", "-u", "-i", "-p", "--", *argv]

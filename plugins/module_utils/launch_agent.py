@@ -92,7 +92,6 @@ def _children(pid: int) -> list[int]:
 class Rank:
     def __init__(self, spec: dict, log_dir: str) -> None:
         self.rank: int = spec["rank"]
-        self.spec = spec
         self.proc: subprocess.Popen | None = None
         self.log = open(os.path.join(log_dir, f"rank-{self.rank}.log"), "ab")  # noqa: SIM115
         self.eof = False
@@ -112,7 +111,6 @@ class Agent:
         self.sel = selectors.DefaultSelector()
         self.stopping_since: float | None = None
         self.killed = False
-        self.input_open = True
 
     # --- talking to the controller ------------------------------------------------------------
 
@@ -190,7 +188,6 @@ class Agent:
         except BlockingIOError:
             return
         if not chunk:
-            self.input_open = False
             self.sel.unregister(self.in_fd)
             self.stop()
             return

@@ -33,23 +33,28 @@ def _value(hv: Any, templar: Any, name: str, default: Any = None) -> Any:
     return value
 
 
-def lab_holder(lab_dir: str, netns: str) -> int:
-    """The pid that holds a lab host's namespaces, checked against the named network namespace."""
+def lab_holder(lab_dir: str, netns: str) -> tuple[str, int]:
+    """(host name, pid) of the process that holds a lab host's namespaces, checked against the
+    named network namespace. The lab's netns connection plugin uses it too."""
     try:
         with open(os.path.join(lab_dir, "state.json")) as handle:
             holders = json.load(handle)["holders"]
     except (OSError, ValueError, KeyError) as exc:
         raise ConnectionError_(f"no lab record in {lab_dir} ({exc}); build the lab first") from exc
-    for name, pid in holders.items():
-        if netns.endswith("-" + name):
-            try:
-                alive = os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
-            except OSError:
-                alive = False
-            if not alive:
-                raise ConnectionError_(f"lab host {name}: holder {pid} is not in {netns}; rebuild the lab")
-            return int(pid)
-    raise ConnectionError_(f"namespace {netns} is not a host of the lab in {lab_dir}")
+    # The namespace is "<lab>-<host>", the record is keyed by host.
+    name = next((n for n in holders if netns.endswith("-" + n)), None)
+    if name is None:
+        raise ConnectionError_(f"namespace {netns} is not a host of this lab ({sorted(holders)})")
+    pid = holders[name]
+    try:
+        alive = os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
+    except OSError:
+        alive = False
+    if not alive:
+        raise ConnectionError_(
+            f"lab host {name}: holder process {pid} is not in namespace {netns}; rebuild the lab with playbooks/lab.yml"
+        )
+    return name, int(pid)
 
 
 def connection_for(host: str, hv: Any, templar: Any = None) -> dict[str, Any]:
@@ -64,7 +69,7 @@ def connection_for(host: str, hv: Any, templar: Any = None) -> dict[str, Any]:
         netns = _value(hv, templar, "meshkit_lab_netns")
         if not lab_dir or not netns:
             raise ConnectionError_(f"{host}: connection {kind} needs meshkit_lab_dir and meshkit_lab_netns")
-        return {"kind": "nsenter", "pid": lab_holder(lab_dir, netns), "python": python}
+        return {"kind": "nsenter", "pid": lab_holder(lab_dir, netns)[1], "python": python}
     if kind not in SSH:
         raise ConnectionError_(
             f"{host}: ansible_connection={kind} is not one meshkit launch can stream over; use ssh "

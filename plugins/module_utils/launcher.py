@@ -45,8 +45,6 @@ BOOTSTRAP = (
 )
 AGENT_SOURCE = Path(__file__).with_name("launch_agent.py")
 TAIL_LINES = 20
-# Environment variables whose values never reach a log or a summary.
-SECRET_ENV = ("MESHCCL_TOKEN",)
 
 
 def agent_argv(connection: dict[str, Any], python: str) -> list[str]:
@@ -197,7 +195,6 @@ class _Host:
         self.stderr = collections.deque(maxlen=TAIL_LINES)
         self.bye = False
         self.closed_out = False
-        self.closed_err = False
         self.error: str | None = None
         self.left: list[int] = []
 
@@ -384,8 +381,6 @@ class Launcher:
             self.sel.unregister(stream)
             if stream is host.proc.stdout:
                 host.closed_out = True
-            else:
-                host.closed_err = True
             return
         if stream is host.proc.stderr:
             for line in chunk.decode(errors="replace").splitlines():
@@ -529,6 +524,10 @@ def threading_main() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+# Environment variables whose values never reach a log or a summary.
+SECRET_ENV = ("MESHCCL_TOKEN",)
 
 
 def redact(env: dict[str, str]) -> dict[str, str]:
