@@ -58,15 +58,16 @@ meshccl-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		$(MESHCCL_BUILD)/sanitize/meshccl_tests --gtest_brief=1 '--gtest_filter=-*n5_*:*n6_*:*n7_*:*n8_*' 
 
-## The main job on the local lab: a 4-host mesh reached over SSH, its network converged, then
-## meshccl-bench launched on every host (rank 0 prints the table).
+## The main job on the local lab: a 4-host mesh reached over SSH, its network converged and meshccl
+## installed on every host (each host's own virtual environment), then meshccl-bench launched on
+## every host from that install (rank 0 prints the table).
 DEMO_BENCH ?= -b 64K -e 16M -n 10
 demo: venv
 	time ansible-playbook playbooks/lab.yml
 	ansible -i inventory/lab.yml all -m ansible.builtin.ping
 	time ansible-playbook -i inventory/lab.yml setup.yml
 	time ansible-playbook -i inventory/lab.yml launch.yml \
-		-e '{"launch_program": "$(BIN)/meshccl-bench all_reduce $(DEMO_BENCH)", "launch_timeout": 300}'
+		-e '{"launch_program": "meshccl-bench all_reduce $(DEMO_BENCH)", "launch_timeout": 300}'
 	@echo "The cabling picture: $(CURDIR)/artifacts/lab-lab/cabling.png (and .svg, .dot); the job's logs: $(CURDIR)/artifacts/lab-lab/launch/"
 	@echo "The lab stays up: ssh via 'ansible -i inventory/lab.yml ...', jobs via 'bin/meshkit launch -i inventory/lab.yml -- ...'; remove it with 'make demo-down'."
 
@@ -106,4 +107,4 @@ bench: bench-deps
 	$(BIN)/python bench/allreduce.py loopback $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .cache/meshccl collective/build
+	rm -rf $(VENV) .pytest_cache .ruff_cache .cache/meshccl .cache/meshccl-wheels collective/build

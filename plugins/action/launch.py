@@ -14,8 +14,9 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection 
     ConnectionError_,
     connection_for,
 )
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_mpi import MpiError, explain, hosts_for, prefix
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import preflight_problems
-from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher, host_jobs
+from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher
 
 display = Display()
 
@@ -66,13 +67,20 @@ class ActionModule(ActionBase):
 
         def on_line(rank, line: str) -> None:
             if not quiet:
-                display.display(f"[{rank.rank}|{rank.host}] {line}")
+                display.display(prefix(job, rank, line))
 
         def on_event(text: str) -> None:
             display.display(f"meshkit launch: {text}", color="bright blue")
 
+        try:
+            hosts = hosts_for(job, connections, token, log_dir)
+        except MpiError as exc:
+            result["failed"] = True
+            result["changed"] = False
+            result["msg"] = f"{exc}; no rank of job {job['job_id']} was started"
+            return result
         launcher = Launcher(
-            host_jobs(job, connections, token),
+            hosts,
             job["job_id"],
             log_dir,
             timeout=float(args.get("timeout") or job.get("timeout") or 0) or None,
@@ -89,10 +97,11 @@ class ActionModule(ActionBase):
             return result
         # Failed: the message says it all (the whole summary is in summary.json beside the logs).
         result["failed"] = True
-        lines = [f"job {job['job_id']} failed: {outcome.reason}"]
-        for rank in outcome.failed or [r for r in outcome.ranks if r.state == "timeout"]:
-            lines.append(f"rank {rank.rank} on {rank.host}: {rank.state}, {rank.describe()}; last lines:")
-            lines += [f"    {line}" for line in list(rank.tail)[-10:]] or ["    (no output)"]
+        reason, failures = explain(job, outcome)
+        lines = [f"job {job['job_id']} failed: {reason}"]
+        for heading, tail in failures:
+            lines.append(f"{heading}; last lines:")
+            lines += [f"    {line}" for line in tail] or ["    (no output)"]
         if outcome.leftovers:
             lines.append(f"killed what ranks left running: {outcome.leftovers}")
         lines.append(f"every rank was stopped; logs in {log_dir}")

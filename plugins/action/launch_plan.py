@@ -59,6 +59,7 @@ class ActionModule(ActionBase):
                 management_interface=dict(args.get("management_interface") or {}),
                 master_port=int(args.get("master_port") or 29500),
                 meshccl_port=int(args.get("meshccl_port") or 29600),
+                bin_dirs=dict(args.get("bin_dirs") or {}),
             )
         except LaunchError as exc:
             result["failed"] = True

@@ -26,6 +26,9 @@ DEFAULTS: dict[str, Any] = {
     "meshkit_ranks_per_host": 1,
     "meshkit_master_port": 29500,
     "meshkit_meshccl_port": 29600,
+    "meshkit_meshccl_install": True,
+    "meshkit_meshccl_venv": None,
+    "meshkit_meshccl_python": "python3",
 }
 
 # Set once for the whole cluster: every host must agree.
@@ -52,6 +55,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "meshkit_ranks_per_host": {"type": "integer", "min": 1, "max": 256},
     "meshkit_master_port": {"type": "integer", "min": 1024, "max": 65535},
     "meshkit_meshccl_port": {"type": "integer", "min": 1024, "max": 65279},
+    "meshkit_meshccl_install": {"type": "boolean"},
+    "meshkit_meshccl_venv": {"type": "string", "nullable": True, "regex": r"^/.*"},
+    "meshkit_meshccl_python": {"type": "string", "empty": False},
     "meshkit_artifacts_dir": {"type": "string"},
     "meshkit_hosts": {"type": "string"},
     # Written by playbooks/lab.yml into lab inventories.
@@ -75,6 +81,9 @@ HINTS = {
     "meshkit_ranks_per_host": "use a whole number from 1 (ranks started on each host)",
     "meshkit_master_port": "use a free TCP port from 1024 to 65535 (torchrun rendezvous)",
     "meshkit_meshccl_port": "use a free TCP port from 1024; local rank k listens on this plus k",
+    "meshkit_meshccl_install": "true (setup.yml installs meshccl on every host) or false",
+    "meshkit_meshccl_venv": "give an absolute path for meshccl's virtual environment (default: <state_dir>/meshccl)",
+    "meshkit_meshccl_python": "name the host's Python 3 (same version as the controller's)",
 }
 
 
@@ -103,6 +112,11 @@ def _coerce(doc: dict[str, Any]) -> dict[str, Any]:
             out[key] = int(value)
     if out.get("meshkit_mtu") == "":
         out["meshkit_mtu"] = None
+    flag = out.get("meshkit_meshccl_install")
+    if isinstance(flag, str) and flag.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
+        out["meshkit_meshccl_install"] = flag.strip().lower() in ("true", "yes", "1")
+    if out.get("meshkit_meshccl_venv") == "":
+        out["meshkit_meshccl_venv"] = None
     return out
 
 
@@ -140,6 +154,8 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
                 [],
             ).append(host)
             continue
+        if not merged["meshkit_meshccl_venv"]:
+            merged["meshkit_meshccl_venv"] = merged["meshkit_state_dir"].rstrip("/") + "/meshccl"
         normalised[host] = merged
     for key in CLUSTER_WIDE:
         values = {h: v[key] for h, v in normalised.items()}

@@ -153,6 +153,8 @@ class Agent:
             self.ranks.append(rank)
             env = dict(os.environ)
             env.update(spec.get("env", {}))
+            if spec.get("path_prepend"):
+                env["PATH"] = os.pathsep.join([*spec["path_prepend"], env.get("PATH", os.defpath)])
             try:
                 rank.proc = subprocess.Popen(
                     spec["argv"],

@@ -8,6 +8,10 @@ user, key, ``ansible_ssh_common_args`` / ``ansible_ssh_extra_args``: host key ch
 the inventory has it) and its own persistent master in ``ansible_control_path_dir``. The lab's
 ``meshkit.cluster.netns`` connection becomes ``nsenter`` into the host's holder process, and
 ``local`` runs on the controller.
+
+Run as a program, this file is the remote shell agent of MPI jobs (mpirun's ``plm_rsh_agent``):
+``python3 launch_connection.py CONNECTIONS.json HOST WORD...`` runs the words (the remote daemon's
+command line, already quoted by mpirun for a shell) on HOST over that host's own connection.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from typing import Any
 
 SSH = ("ssh", "ansible.builtin.ssh", "smart", "ansible.legacy.ssh")
@@ -93,3 +98,51 @@ def connection_for(host: str, hv: Any, templar: Any = None) -> dict[str, Any]:
         "args": args,
         "python": python,
     }
+
+
+def ssh_argv(connection: dict[str, Any]) -> list[str]:
+    """ssh and its options for an ssh connection, up to (and with) the host name."""
+    argv = ["ssh", "-T", "-o", "BatchMode=yes"]
+    if connection.get("port"):
+        argv += ["-p", str(connection["port"])]
+    if connection.get("user"):
+        argv += ["-l", str(connection["user"])]
+    if connection.get("key"):
+        argv += ["-i", str(connection["key"])]
+    return [*argv, *(connection.get("args") or []), str(connection["host"])]
+
+
+def nsenter_argv(connection: dict[str, Any]) -> list[str]:
+    return ["nsenter", "-t", str(connection["pid"]), "-n", "-m", "-u", "-i", "-p", "--"]
+
+
+def shell_argv(connection: dict[str, Any], command: str) -> list[str]:
+    """Run a shell command line on the connection's host."""
+    kind = connection.get("kind")
+    if kind == "ssh":
+        return [*ssh_argv(connection), command]
+    if kind == "nsenter":
+        return [*nsenter_argv(connection), "sh", "-c", command]
+    if kind == "local":
+        return ["sh", "-c", command]
+    raise ValueError(f"unknown connection kind {kind!r}")
+
+
+def rsh_main(argv: list[str]) -> int:
+    if len(argv) < 3:
+        print("usage: launch_connection.py CONNECTIONS.json HOST WORD...", file=sys.stderr)
+        return 2
+    path, host, words = argv[0], argv[1], argv[2:]
+    try:
+        with open(path) as handle:
+            connection = json.load(handle)[host]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"meshkit rsh: no connection for host {host!r} in {path} ({exc!r})", file=sys.stderr)
+        return 255
+    command = shell_argv(connection, " ".join(w.strip() for w in words))
+    os.execvp(command[0], command)
+    return 255  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(rsh_main(sys.argv[1:]))

@@ -17,7 +17,7 @@ from typing import Any
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
 from cerberus import Validator
 
-RUNTIMES = ("meshccl", "mlx", "torch", "plain")
+RUNTIMES = ("meshccl", "mlx", "torch", "mpi", "plain")
 
 # launch.yml's variables (launch_<name>), validated before anything starts.
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -145,8 +145,11 @@ def build(
     management_interface: dict[str, str] | None = None,
     master_port: int = 29500,
     meshccl_port: int = 29600,
+    bin_dirs: dict[str, str] | None = None,
 ) -> Job:
-    """Plan every rank of a job. ``settings`` comes from validate()."""
+    """Plan every rank of a job. ``settings`` comes from validate(). ``bin_dirs``: per host, a
+    directory put in front of the ranks' PATH (meshccl's virtual environment), unless the user's
+    own env sets PATH."""
     runtime = settings.get("runtime") or "meshccl"
     per_host = int(settings.get("ranks_per_host") or 1)
     mlx_port = int(settings.get("mlx_port") or 32323)
@@ -243,8 +246,18 @@ def build(
                 # Gloo gives every rank one address and connects every pair of ranks to it: on
                 # point-to-point cables only the management network reaches every host.
                 env["GLOO_SOCKET_IFNAME"] = management_interface[host]
+        elif runtime == "mpi" and management_interface:
+            # Open MPI's TCP transport wants every pair of ranks reachable on the interfaces it
+            # uses; point-to-point cables reach only the hosts they join, the management network
+            # reaches all (as for Gloo).
+            env["OMPI_MCA_btl_tcp_if_include"] = ",".join(sorted(set(filter(None, management_interface.values()))))
         env |= settings.get("env") or {}
-        out_ranks.append(r | {"argv": list(settings["program"]), "env": env, "cwd": settings.get("cwd")})
+        spec = {"argv": list(settings["program"]), "env": env, "cwd": settings.get("cwd")}
+        if (bin_dirs or {}).get(host) and "PATH" not in env:
+            spec["path_prepend"] = [bin_dirs[host]]
+        out_ranks.append(r | spec)
+    if runtime == "mpi":
+        notes.append("MPI ranks: MESHKIT_RANK is not set per rank; use MPI's own rank (OMPI_COMM_WORLD_RANK)")
     if runtime == "torch" and not management_interface:
         notes.append("GLOO_SOCKET_IFNAME not set: no management interface known")
     return Job(job_id, runtime, world, out_ranks, files, job_dir, ports, notes)

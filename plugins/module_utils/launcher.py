@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import nsenter_argv, ssh_argv
+
 # Reads the agent's source (10-digit length, then the bytes) from stdin and runs it. Kept free of
 # quotes that a remote shell would mangle; it is quoted as one word anyway.
 BOOTSTRAP = (
@@ -58,18 +60,10 @@ def agent_argv(connection: dict[str, Any], python: str) -> list[str]:
     if kind == "local":
         return local
     if kind == "nsenter":
-        return ["nsenter", "-t", str(connection["pid"]), "-n", "-m", "-u", "-i", "-p", "--", *local]
+        return [*nsenter_argv(connection), *local]
     if kind == "ssh":
-        argv = ["ssh", "-T", "-o", "BatchMode=yes"]
-        if connection.get("port"):
-            argv += ["-p", str(connection["port"])]
-        if connection.get("user"):
-            argv += ["-l", str(connection["user"])]
-        if connection.get("key"):
-            argv += ["-i", str(connection["key"])]
-        argv += list(connection.get("args") or [])
         # ssh hands the remote side one string, which the login shell splits again.
-        return [*argv, str(connection["host"]), shlex.join(local)]
+        return [*ssh_argv(connection), shlex.join(local)]
     raise ValueError(f"unknown connection kind {kind!r}")
 
 
@@ -82,6 +76,10 @@ class HostJob:
     job_dir: str  # on the host
     ranks: list[dict[str, Any]]  # {"rank", "argv", "env", "cwd"}
     files: dict[str, str] = field(default_factory=dict)  # written into job_dir before any rank starts
+
+
+def log_name(rank: int) -> str:
+    return "mpirun.log" if rank < 0 else f"rank-{rank}.log"
 
 
 @dataclass
@@ -100,6 +98,11 @@ class RankState:
     partial_at: float = 0.0
     started_at: float | None = None
     ended_at: float | None = None
+
+    @property
+    def label(self) -> str:
+        """ "rank N", or "mpirun" for the one process of an MPI job meshkit itself starts (rank -1)."""
+        return "mpirun" if self.rank < 0 else f"rank {self.rank}"
 
     def describe(self) -> str:
         if self.error:
@@ -158,7 +161,8 @@ class JobResult:
         for r in sorted(self.ranks, key=lambda r: (order.get(r.state, 5), r.rank)):
             took = "" if r.started_at is None or r.ended_at is None else f"  {r.ended_at - r.started_at:.1f} s"
             what = "exit code 0" if r.state == "ok" else r.describe()
-            lines.append(f"rank {r.rank:>3} {r.host:<12} {r.state:<8} {what}{took}")
+            name = "mpirun    " if r.rank < 0 else f"rank {r.rank:>3} "
+            lines.append(f"{name}{r.host:<12} {r.state:<8} {what}{took}")
         return lines
 
 
@@ -174,7 +178,10 @@ def host_jobs(job: dict[str, Any], connections: dict[str, dict[str, Any]], token
             env = dict(r["env"])
             if job["runtime"] == "meshccl":
                 env["MESHCCL_TOKEN"] = token
-            ranks.append({"rank": r["rank"], "argv": r["argv"], "env": env, "cwd": r.get("cwd")})
+            spec = {"rank": r["rank"], "argv": r["argv"], "env": env, "cwd": r.get("cwd")}
+            if r.get("path_prepend"):
+                spec["path_prepend"] = r["path_prepend"]
+            ranks.append(spec)
         out.append(
             HostJob(
                 host,
@@ -239,7 +246,7 @@ class Launcher:
     def _open_logs(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.rank_logs = {
-            r: open(self.log_dir / f"rank-{r}.log", "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+            r: open(self.log_dir / log_name(r), "w", encoding="utf-8", errors="replace")  # noqa: SIM115
             for r in self.ranks
         }
         self.combined = open(self.log_dir / "output.log", "w", encoding="utf-8", errors="replace")  # noqa: SIM115
@@ -349,8 +356,8 @@ class Launcher:
             rank.state = "failed"
             if self.first_failure is None:
                 self.first_failure = rank
-            self.on_event(f"rank {rank.rank} ({rank.host}) failed: {rank.describe()}")
-            self.stop(f"rank {rank.rank} ({rank.host}) failed: {rank.describe()}")
+            self.on_event(f"{rank.label} ({rank.host}) failed: {rank.describe()}")
+            self.stop(f"{rank.label} ({rank.host}) failed: {rank.describe()}")
 
     def _host_message(self, host: _Host, msg: dict[str, Any]) -> None:
         kind = msg.get("t")
@@ -361,7 +368,8 @@ class Launcher:
             rank.state, rank.pid, rank.started_at = "running", msg["pid"], time.monotonic()
             if self.all_running is None and all(r.started_at is not None for r in self.ranks.values()):
                 self.all_running = rank.started_at - self.t0
-                self.on_event(f"all {len(self.ranks)} ranks running after {self.all_running:.2f} s")
+                what = "mpirun" if -1 in self.ranks else f"all {len(self.ranks)} ranks"
+                self.on_event(f"{what} running after {self.all_running:.2f} s")
         elif kind == "exit":
             self._rank_exit(msg)
         elif kind == "error":
@@ -498,10 +506,10 @@ class Launcher:
         ranks = [self.ranks[r] for r in sorted(self.ranks)]
         ok = self.stopping is None and all(r.state == "ok" for r in ranks)
         if ok:
-            reason = f"all {len(ranks)} ranks exited 0"
+            reason = "mpirun exited 0" if -1 in self.ranks else f"all {len(ranks)} ranks exited 0"
         elif self.first_failure is not None:
             failed = [r for r in ranks if r.state in ("failed", "lost")]
-            reason = "; ".join(f"rank {r.rank} ({r.host}) {r.describe()}" for r in failed)
+            reason = "; ".join(f"{r.label} ({r.host}) {r.describe()}" for r in failed)
         else:
             reason = self.stopping or "stopped"
         result = JobResult(

@@ -59,6 +59,10 @@ options:
     description: meshccl's first port; local rank k listens on this plus k.
     type: int
     default: 29600
+  bin_dirs:
+    description: Per host, a directory put in front of the ranks' C(PATH) (meshccl's virtual environment), unless
+      the job's own environment sets C(PATH).
+    type: dict
   job_id:
     description: The job's id; a time stamp and a random suffix when not given.
     type: str

@@ -34,9 +34,19 @@ options:
   path:
     description: The C(PATH) the ranks get, when the job sets one; else the host's own.
     type: str
+  path_prepend:
+    description: Directories put in front of that C(PATH) for the ranks (meshccl's virtual environment).
+    type: list
+    elements: str
+    default: []
   cwd:
     description: The ranks' working directory.
     type: str
+  require:
+    description: Further commands that must be on the ranks' C(PATH) (C(orted) for an MPI job).
+    type: list
+    elements: str
+    default: []
   ports:
     description: "C([address, port, what]) entries this host's ranks will listen on."
     type: list
@@ -81,6 +91,11 @@ import subprocess
 from ansible.module_utils.basic import AnsibleModule
 
 PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+REQUIRED_HINTS = {
+    "orted": "install Open MPI (the same version as the controller's mpirun; Debian: openmpi-bin)",
+}
 
 
 def resolve(name: str, path: str | None, cwd: str | None) -> str | None:
@@ -133,13 +148,16 @@ def main() -> None:
         argument_spec={
             "argv": {"type": "list", "elements": "str", "required": True},
             "path": {"type": "str"},
+            "path_prepend": {"type": "list", "elements": "str", "default": []},
             "cwd": {"type": "str"},
+            "require": {"type": "list", "elements": "str", "default": []},
             "ports": {"type": "list", "elements": "raw", "default": []},
         },
         supports_check_mode=True,
     )
     p = module.params
     argv, path, cwd = p["argv"], p["path"] or os.environ.get("PATH", os.defpath), p["cwd"]
+    path = os.pathsep.join([*p["path_prepend"], path])
     problems: list[str] = []
     if cwd and not os.path.isdir(cwd):
         problems.append(f"working directory {cwd} does not exist")
@@ -176,6 +194,10 @@ def main() -> None:
                     script = os.path.realpath(full)
                 else:
                     problems.append(f"script {rest[0]} not found (run by {program})")
+    for name in p["require"]:
+        if resolve(name, path, cwd) is None:
+            hint = REQUIRED_HINTS.get(name, "install it on every host")
+            problems.append(f"{name} not found on PATH ({path}); {hint}")
     for entry in p["ports"]:
         address, port = str(entry[0]), int(entry[1])
         what = entry[2] if len(entry) > 2 else ""

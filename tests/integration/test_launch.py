@@ -24,6 +24,7 @@ from .conftest import ENV, REPO, LabHandle, run_playbook, sh
 PROGRAMS = Path(__file__).parent / "programs"
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 MESHKIT = str(REPO / "bin" / "meshkit")
+VENV = "/var/lib/meshkit/meshccl"  # each lab host's own meshccl (its /var/lib/meshkit is its own)
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +86,10 @@ def processes_with_env(marker: str) -> list[str]:
 
 
 def test_meshccl_all_reduce_on_4_hosts_x_2_ranks(lab):
+    # A bare "python3": the launch puts each host's own meshccl environment first on PATH.
     rc, output, summary = launch(
         lab,
-        launch_program=[PYTHON, str(PROGRAMS / "meshccl_allreduce.py")],
+        launch_program=["python3", str(PROGRAMS / "meshccl_allreduce.py")],
         launch_ranks_per_host=2,
         launch_timeout=120,
     )
@@ -103,9 +105,37 @@ def test_meshccl_all_reduce_on_4_hosts_x_2_ranks(lab):
         )
         log = Path(summary["log_dir"]) / f"rank-{r}.log"
         assert f"meshccl rank {r}/8" in log.read_text()
+    # Every host ran its own install (setup.yml put one in each host's /var/lib/meshkit).
+    installs = dict(re.findall(r"^\[\d+\|(\S+)\] meshccl from (\S+ inode \S+)$", output, re.M))
+    assert len(installs) == 4 and len(set(installs.values())) == 4, installs
+    assert all(v.startswith(f"{VENV}/lib/") for v in installs.values()), installs
     # The token reaches the ranks but no log and no summary.
     logs = "".join(p.read_text() for p in Path(summary["log_dir"]).iterdir() if p.is_file())
     assert "MESHCCL_TOKEN" not in logs and "MESHCCL_TOKEN" not in output
+
+
+def test_launch_installs_meshccl_where_it_is_missing(lab):
+    handle, _ = lab
+    node3 = holders(handle)["node3"]
+    sh("nsenter", "-t", str(node3), "-m", "--", "rm", "-rf", VENV)
+    rc, output, summary = launch(
+        lab, launch_program=["meshccl-bench", "all_reduce", "-b", "4K", "-e", "16K", "-n", "2"], launch_timeout=120
+    )
+    assert rc == 0, output
+    assert summary is not None and summary["ok"], summary
+    # Only node3 got the wheelhouse and an install; the other hosts' builds were current.
+    task = re.search(r"TASK \[meshkit\.cluster\.meshccl : Install the wheels[^\n]*\n(.*?)\n\n", output, re.S)
+    assert task is not None, output
+    assert sorted(task.group(1).splitlines()) == [
+        "changed: [node3]",
+        "skipping: [node1]",
+        "skipping: [node2]",
+        "skipping: [node4]",
+    ], task.group(1)
+    # meshccl-bench (found on PATH in node3's fresh install) printed rank 0's table.
+    assert re.search(r"^\[0\|\S+\] +4096 +1024 +float32 +sum", output, re.M), output
+    listing = sh("nsenter", "-t", str(node3), "-m", "--", "ls", f"{VENV}/bin").stdout.split()
+    assert "meshccl-bench" in listing and "python3" in listing, listing
 
 
 def test_a_failing_rank_stops_every_rank_on_every_host(lab):
@@ -196,6 +226,59 @@ def test_torch_gloo_program_through_meshkit_launch(lab):
     # The rendezvous is rank 0's host, on its management address.
     rank0_host = next(host for rank, host, *_ in lines if rank == "0")
     assert masters == {(handle.hosts()[rank0_host]["ansible_host"], "29500")}
+
+
+def test_mpi_program_through_one_mpirun_on_the_controller(lab):
+    rc, output, summary = launch(
+        lab,
+        launch_program=[PYTHON, str(PROGRAMS / "mpi_allreduce.py")],
+        launch_runtime="mpi",
+        launch_ranks_per_host=2,
+        launch_env={"GREETING": "hello"},
+        launch_timeout=120,
+    )
+    assert rc == 0, output
+    assert summary is not None and summary["ok"], summary
+    assert [(r["host"], r["state"]) for r in summary["ranks"]] == [("controller", "ok")]
+    job = summary["log_dir"].rsplit("/", 1)[1]
+    # Ranks in ring order, -map-by slot: two per host, each host's pair consecutive; -x passed the env.
+    lines = re.findall(
+        r"^\[(\d)\|(\S+)\] mpi rank (\d)/8 on (\S+) sum=36 local=(\d) job=(\S+) greeting=(\S+)$", output, re.M
+    )
+    assert len(lines) == 8, output
+    hostfile = (Path(summary["log_dir"]) / "mpi-hostfile").read_text().split()
+    ring = hostfile[0::2]
+    for shown, shown_host, rank, host, local, job_env, greeting in lines:
+        assert shown == rank and shown_host == host == ring[int(rank) // 2], (lines, ring)
+        assert int(local) == int(rank) % 2 and job_env == job and greeting == "hello"
+    # mpirun kept each rank's output on the controller.
+    assert "mpi rank 5/8" in (Path(summary["log_dir"]) / "mpi" / "1" / "rank.5" / "stdout").read_text()
+
+
+def test_mpi_failing_rank_is_named_and_nothing_is_left(lab):
+    handle, _ = lab
+    marker = f"mkmpi{uuid.uuid4().hex[:8]}"
+    script = (
+        'echo "rank $OMPI_COMM_WORLD_RANK up"; '
+        'if [ "$OMPI_COMM_WORLD_RANK" = 5 ]; then sleep 2; echo "rank 5: giving up" >&2; exit 3; fi; '
+        "sleep 300"
+    )
+    rc, output, summary = launch(
+        lab,
+        launch_program=["sh", "-c", script, marker],
+        launch_runtime="mpi",
+        launch_ranks_per_host=2,
+        launch_env={"MARKER": marker},
+        launch_timeout=120,
+    )
+    assert rc != 0
+    hosts = (Path(summary["log_dir"]) / "mpi-hostfile").read_text().split()[0::2]
+    assert re.search(rf"failed: rank 5 \({hosts[2]}\) exit code 3 \(reported by mpirun", output), output
+    assert "rank 5: giving up" in output
+    assert summary["wall_s"] < 60, summary
+    for host, listing in ps_on_every_host(handle).items():
+        assert marker not in listing and "sleep 300" not in listing and "orted" not in listing, (host, listing)
+    assert processes_with_env(f"MARKER={marker}") == []
 
 
 def test_a_program_missing_on_one_host_fails_the_preflight(lab):

@@ -15,12 +15,30 @@ def only_problem(host_vars) -> str:
 def test_defaults_are_filled_in():
     normalised, problems = validate_hosts({"node1": {}, "node2": {"ansible_host": "10.0.0.2"}})
     assert problems == []
-    assert normalised["node1"] == DEFAULTS
-    assert normalised["node2"] == DEFAULTS  # non-meshkit variables are not validated or returned
+    # meshccl's environment follows the state directory unless it is set.
+    expected = DEFAULTS | {"meshkit_meshccl_venv": "/var/lib/meshkit/meshccl"}
+    assert normalised["node1"] == expected
+    assert normalised["node2"] == expected  # non-meshkit variables are not validated or returned
     assert normalised["node1"]["meshkit_backend"] == ""
     assert normalised["node1"]["meshkit_address_pool"] == "198.18.128.0/17"
     assert normalised["node1"]["meshkit_bridge"] == "bridge0"
     assert normalised["node1"]["meshkit_ping_count"] == 3
+
+
+def test_meshccl_install_settings():
+    normalised, problems = validate_hosts(
+        {
+            "node1": {"meshkit_state_dir": "/srv/mk/", "meshkit_meshccl_install": "false"},
+            "node2": {"meshkit_meshccl_venv": "/opt/meshccl", "meshkit_meshccl_python": "/usr/bin/python3.11"},
+        }
+    )
+    assert problems == []
+    assert normalised["node1"]["meshkit_meshccl_venv"] == "/srv/mk/meshccl"
+    assert normalised["node1"]["meshkit_meshccl_install"] is False
+    assert normalised["node2"]["meshkit_meshccl_venv"] == "/opt/meshccl"
+    assert normalised["node2"]["meshkit_meshccl_install"] is True
+    problem = only_problem({"node1": {"meshkit_meshccl_venv": "relative/venv"}})
+    assert "meshkit_meshccl_venv = 'relative/venv'" in problem and "absolute path" in problem, problem
 
 
 def test_given_values_override_defaults():

@@ -16,3 +16,6 @@ for count in (1000, 1 << 18):
     assert np.all(x == expected), (count, x[:4], expected)
 comm.barrier()
 print(f"meshccl rank {rank}/{size} on {socket.gethostname()}: all_reduce exact", flush=True)
+# Which install the rank ran (the host's own virtual environment, put on PATH by the launch).
+stat = os.stat(meshccl.__file__)
+print(f"meshccl from {meshccl.__file__} inode {stat.st_dev}:{stat.st_ino}", flush=True)
