@@ -66,7 +66,7 @@ def plan_job(plan: dict[str, Any], **given: Any) -> Any:
     [
         ({"program": "x", "ranks_per_host": 0}, "launch_ranks_per_host = 0", "min value is 1"),
         ({"program": "x", "ranks_per_host": 257}, "launch_ranks_per_host = 257", "max value is 256"),
-        ({"program": "x", "runtime": "bogus"}, "launch_runtime = 'bogus'", "use one of meshccl, mlx, torch, mpi, plain"),
+        ({"program": "x", "runtime": "bogus"}, "launch_runtime = 'bogus'", "use one of meshccl, mlx, torch, mpi"),
         ({}, "launch_program = None", "required field"),
         ({"program": ""}, "launch_program = ''", "empty values not allowed"),
         ({"program": "x", "env": {"1BAD": "v"}}, "launch_env = {'1BAD': 'v'}", "does not match regex"),
