@@ -104,9 +104,14 @@ def host_job(job: dict[str, Any], connections: dict[str, dict[str, Any]], log_di
 
 
 def split_line(line: str) -> tuple[int, str] | None:
-    """(MPI rank, text) of a ``--tag-output`` line, else None (mpirun's own)."""
+    """(MPI rank, text) of a ``--tag-output`` line, else None (mpirun's own). mpirun tags every
+    write, not every line, so a line a rank wrote in pieces carries its tag again inside; those
+    are taken out."""
     m = TAG.match(line)
-    return (int(m.group(1)), m.group(2)) if m else None
+    if not m:
+        return None
+    rank = m.group(1)
+    return int(rank), re.sub(rf"\[\d+,{rank}\]<(?:stdout|stderr|stddiag)>:", "", m.group(2))
 
 
 def first_failure(text: str) -> tuple[int, int] | None:

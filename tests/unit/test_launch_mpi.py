@@ -52,6 +52,9 @@ def test_recorded_mpirun_report_names_the_first_failed_rank():
     assert launch_mpi.split_line("[1,5]<stderr>:giving up") == (5, "giving up")
     assert launch_mpi.split_line("[1,12]<stdout>:") == (12, "")
     assert launch_mpi.split_line("Primary job  terminated normally") is None
+    # Seen on the lab: a traceback line written in pieces, each piece tagged.
+    line = "[1,6]<stderr>:ModuleNotFoundError[1,6]<stderr>:: [1,6]<stderr>:No module named 'mpi4py'[1,6]<stderr>:"
+    assert launch_mpi.split_line(line) == (6, "ModuleNotFoundError: No module named 'mpi4py'")
 
 
 def test_explain_names_the_rank_mpirun_reported_with_its_own_lines(tmp_path):
