@@ -14,7 +14,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection 
     ConnectionError_,
     connection_for,
 )
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_mpi import MpiError, explain, hosts_for, prefix
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_mpi import Lines, MpiError, explain, hosts_for
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import preflight_problems
 from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher
 
@@ -65,9 +65,12 @@ class ActionModule(ActionBase):
         log_dir = Path(args.get("log_dir") or job.get("log_dir") or f"artifacts/launch/{job['job_id']}")
         quiet = bool(args.get("quiet"))
 
+        shown = Lines(job)
+
         def on_line(rank, line: str) -> None:
             if not quiet:
-                display.display(prefix(job, rank, line))
+                for text in shown(rank, line):
+                    display.display(text)
 
         def on_event(text: str) -> None:
             display.display(f"meshkit launch: {text}", color="bright blue")

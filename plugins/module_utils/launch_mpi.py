@@ -27,6 +27,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils import launch_conn
 from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import HostJob, agent_argv, host_jobs
 
 TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:(.*)$", re.S)
+ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
 FIRST_FAILURE = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(-?\d+)")
 # Set per rank by the plan; an MPI rank has OMPI_COMM_WORLD_RANK / _LOCAL_RANK from mpirun instead.
 PER_RANK = ("MESHKIT_RANK", "MESHKIT_LOCAL_RANK", "MESHKIT_HOST")
@@ -44,9 +45,14 @@ def hostfile(job: dict[str, Any]) -> str:
     return "".join(f"{host} slots={n}\n" for host, n in slots.items())
 
 
+def first_rank(job: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's spec: mpirun starts every rank with its program, working directory and the
+    environment common to all."""
+    return min(job["ranks"], key=lambda r: r["rank"])
+
+
 def common_env(job: dict[str, Any]) -> dict[str, str]:
-    first = min(job["ranks"], key=lambda r: r["rank"])
-    return {k: v for k, v in first["env"].items() if k not in PER_RANK}
+    return {k: v for k, v in first_rank(job)["env"].items() if k not in PER_RANK}
 
 
 def mpirun_argv(job: dict[str, Any], log_dir: Path, connections_file: Path, *, mpirun: str, as_root: bool) -> list[str]:
@@ -54,7 +60,7 @@ def mpirun_argv(job: dict[str, Any], log_dir: Path, connections_file: Path, *, m
     if any(" " in word for word in agent):
         # mpirun splits plm_rsh_agent at spaces.
         raise MpiError(f"mpirun cannot take a remote shell path with a space: {shlex.join(agent)}")
-    first = min(job["ranks"], key=lambda r: r["rank"])
+    first = first_rank(job)
     argv = [
         mpirun,
         "--hostfile", str(log_dir / "mpi-hostfile"),
@@ -72,8 +78,6 @@ def mpirun_argv(job: dict[str, Any], log_dir: Path, connections_file: Path, *, m
         argv += ["--wdir", first["cwd"]]
     for name in common_env(job):
         argv += ["-x", name]
-    if first.get("path_prepend"):
-        argv += ["-x", "PATH"]
     return [*argv, "--", *first["argv"]]
 
 
@@ -88,12 +92,9 @@ def host_job(job: dict[str, Any], connections: dict[str, dict[str, Any]], log_di
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "mpi-hostfile").write_text(hostfile(job))
     connections_file = log_dir / "connections.json"
-    connections_file.write_text(json.dumps(connections, indent=1) + "\n")
-    connections_file.chmod(0o600)
-    first = min(job["ranks"], key=lambda r: r["rank"])
+    with open(os.open(connections_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        handle.write(json.dumps(connections, indent=1) + "\n")
     env = common_env(job)
-    if first.get("path_prepend"):
-        env["PATH"] = os.pathsep.join([*first["path_prepend"], os.environ.get("PATH", os.defpath)])
     argv = mpirun_argv(job, log_dir, connections_file, mpirun=mpirun, as_root=os.geteuid() == 0)
     return HostJob(
         "controller",
@@ -140,15 +141,30 @@ def hosts_for(job: dict[str, Any], connections: dict[str, dict[str, Any]], token
     return host_jobs(job, connections, token)
 
 
-def prefix(job: dict[str, Any], rank: Any, line: str) -> str:
-    """A line of output as shown: ``[rank|host] text``; an MPI rank's tagged line as that rank's."""
-    if rank.rank < 0:
-        tagged = split_line(line)
-        if tagged is not None:
-            hosts = {r["rank"]: r["host"] for r in job["ranks"]}
-            return f"[{tagged[0]}|{hosts.get(tagged[0], '?')}] {tagged[1]}"
-        return f"[mpirun] {line}"
-    return f"[{rank.rank}|{rank.host}] {line}"
+class Lines:
+    """Output lines as shown: ``[rank|host] text``. mpirun's ``--tag-output`` tags every write of a
+    rank, not every line, so writes of several ranks can share one line of mpirun's output (an
+    unbuffered Python ``print`` writes its text and its newline apart). The pieces are put back
+    together per rank: a piece that ends mpirun's line completes its rank's line, the others wait
+    in that rank's buffer. Untagged text is mpirun's own."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.hosts = {r["rank"]: r["host"] for r in job["ranks"]}
+        self.partial: dict[int, str] = {}
+
+    def __call__(self, rank: Any, line: str) -> list[str]:
+        if rank.rank >= 0:
+            return [f"[{rank.rank}|{rank.host}] {line}"]
+        tags = list(ANY_TAG.finditer(line))
+        out = [f"[mpirun] {line[: tags[0].start()] if tags else line}"] if not tags or tags[0].start() > 0 else []
+        for i, tag in enumerate(tags):
+            r = int(tag.group(1))
+            piece = line[tag.end() : tags[i + 1].start() if i + 1 < len(tags) else len(line)]
+            if i + 1 < len(tags):
+                self.partial[r] = self.partial.get(r, "") + piece
+            else:
+                out.append(f"[{r}|{self.hosts.get(r, '?')}] {self.partial.pop(r, '')}{piece}")
+        return out
 
 
 def explain(job: dict[str, Any], outcome: Any) -> tuple[str, list[tuple[str, list[str]]]]:

@@ -69,11 +69,25 @@ def test_explain_names_the_rank_mpirun_reported_with_its_own_lines(tmp_path):
     assert failures == [("rank 5 on node2: failed, exit code 3", ["up 5", "giving up"])]
 
 
-def test_prefix_shows_tagged_lines_as_the_ranks_own():
+def test_lines_show_tagged_lines_as_the_ranks_own():
+    shown = launch_mpi.Lines(job())
     mpirun = SimpleNamespace(rank=-1, host="controller")
-    assert launch_mpi.prefix(job(), mpirun, "[1,3]<stdout>:hello") == "[3|node3] hello"
-    assert launch_mpi.prefix(job(), mpirun, "some mpirun notice") == "[mpirun] some mpirun notice"
-    assert launch_mpi.prefix(job(), SimpleNamespace(rank=2, host="node3"), "x") == "[2|node3] x"
+    assert shown(mpirun, "[1,3]<stdout>:hello") == ["[3|node3] hello"]
+    assert shown(mpirun, "some mpirun notice") == ["[mpirun] some mpirun notice"]
+    assert shown(SimpleNamespace(rank=2, host="node3"), "x") == ["[2|node3] x"]
+
+
+def test_lines_put_back_writes_of_several_ranks_that_share_a_line():
+    # Seen on the lab: rank 0's print wrote its text, rank 1's whole line came next, then rank 0's
+    # newline.
+    shown = launch_mpi.Lines(job())
+    mpirun = SimpleNamespace(rank=-1, host="controller")
+    assert shown(mpirun, "[1,0]<stdout>:mpi rank 0 sum=36[1,1]<stdout>:mpi rank 1 sum=36") == [
+        "[1|node1] mpi rank 1 sum=36"
+    ]
+    assert shown(mpirun, "[1,0]<stdout>:") == ["[0|node1] mpi rank 0 sum=36"]
+    line = "[1,6]<stderr>:ModuleNotFoundError[1,6]<stderr>:: [1,6]<stderr>:No module named 'mpi4py'[1,6]<stderr>:"
+    assert shown(mpirun, line) == ["[6|node4] ModuleNotFoundError: No module named 'mpi4py'"]
 
 
 def test_rsh_agent_runs_the_words_over_the_hosts_connection(tmp_path):
