@@ -14,6 +14,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection 
     ConnectionError_,
     connection_for,
 )
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_fast import context_of
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_mpi import Lines, MpiError, explain, hosts_for
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import preflight_problems
 from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher
@@ -56,7 +57,10 @@ class ActionModule(ActionBase):
             # `meshkit launch`: everything is checked; the CLI starts the ranks itself, with stdin.
             path = Path(args["prepare_to"])
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"job": job, "connections": connections}, indent=1) + "\n")
+            prepared = {"job": job, "connections": connections}
+            if args.get("context"):
+                prepared["context"] = context_of(dict(args["context"]))
+            path.write_text(json.dumps(prepared, indent=1) + "\n")
             path.chmod(0o600)
             result["changed"] = False
             result["msg"] = f"job {job['job_id']} prepared in {path}"

@@ -4,17 +4,13 @@
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import secrets
-from pathlib import Path
-
 from ansible.plugins.action import ActionBase
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import (
+    INPUTS,
     LaunchError,
-    build,
-    nccl_from_env_file,
+    describe,
+    make_job,
+    record_job,
     stale_hosts,
     validate,
 )
@@ -42,40 +38,14 @@ class ActionModule(ActionBase):
                 stale = stale_hosts(args["plan"], dict(args["manifests"]), args["state_dir"])
                 if stale:
                     raise LaunchError("hostfiles are stale; nothing was started:\n  - " + "\n  - ".join(stale))
-            nccl = dict(args.get("nccl") or {})
-            for host, text in (args.get("torch_env") or {}).items():
-                nccl.setdefault(host, nccl_from_env_file(text))
-            job_id = args.get("job_id") or (
-                datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-            )
-            job = build(
-                args["plan"],
-                settings,
-                job_id=job_id,
-                state_dir=args["state_dir"],
-                cluster=args["cluster"],
-                ssh=dict(args.get("ssh") or {}),
-                nccl=nccl,
-                management_interface=dict(args.get("management_interface") or {}),
-                master_port=int(args.get("master_port") or 29500),
-                meshccl_port=int(args.get("meshccl_port") or 29600),
-                bin_dirs=dict(args.get("bin_dirs") or {}),
-            )
+            inputs = {name: args.get(name) for name in INPUTS}
+            data = record_job(make_job(args["plan"], settings, inputs, args.get("job_id")), inputs.get("dest"))
         except LaunchError as exc:
             result["failed"] = True
             result["msg"] = str(exc)
             return result
-        data = job.as_dict() | {"timeout": settings.get("timeout") or 0, "grace": settings.get("grace", 3.0)}
-        if args.get("dest"):
-            # The job as planned (no token: that is made when the ranks start), for `meshkit launch`.
-            dest = Path(args["dest"]) / job.job_id
-            dest.mkdir(parents=True, exist_ok=True)
-            (dest / "job.json").write_text(json.dumps(data, indent=1) + "\n")
-            data["log_dir"] = str(dest)
-            os.chmod(dest, 0o700)
         result["job"] = data
-        result["msg"] = (
-            f"job {job.job_id}: {job.world_size} ranks of {job.runtime} on {len(job.hosts())} hosts "
-            f"({', '.join(job.hosts())})"
-        )
+        # What `meshkit launch` keeps to plan its next jobs without Ansible (launch_fast).
+        result["inputs"] = inputs
+        result["msg"] = describe(data)
         return result

@@ -8,6 +8,8 @@ JSON object per line. Standard library only: it runs under whatever Python the h
 controller sends its source over the connection, so hosts need no copy of meshkit.
 
 Controller -> agent (stdin):
+  0. or instead of a job, a check: {"check": {...}} (see check_host()); the agent answers
+     {"t": "checked", "preflight": {...}, "facts": {...}} and exits, starting nothing.
   1. the job: {"job", "dir", "files": {name: text}, "grace", "stdin": bool,
      "ranks": [{"rank", "argv", "env", "cwd"}]}
   2. then any number of {"t": "stdin", "d": text}, {"t": "stdin_eof"}, {"t": "stop", "why": text}.
@@ -26,10 +28,16 @@ PR_SET_PDEATHSIG, so even a killed agent takes its ranks with it.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fnmatch
+import hashlib
 import json
 import os
+import re
 import selectors
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -87,6 +95,265 @@ def _children(pid: int) -> list[int]:
         if len(fields) > 1 and int(fields[1]) == pid and fields[0] != b"Z":
             out.append(int(name))
     return out
+
+
+# --- checks before a launch (the launch_preflight module and `meshkit launch` share them) ------
+
+PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+REQUIRED_HINTS = {
+    "orted": "install Open MPI (the same version as the controller's mpirun; Debian: openmpi-bin)",
+}
+
+
+def resolve(name: str, path: str | None, cwd: str | None) -> str | None:
+    """The real path a command name runs (through ``path``), or None."""
+    if "/" in name:
+        full = name if os.path.isabs(name) else os.path.join(cwd or os.getcwd(), name)
+        return os.path.realpath(full) if os.path.isfile(full) and os.access(full, os.X_OK) else None
+    found = shutil.which(name, path=path)
+    return os.path.realpath(found) if found else None
+
+
+def shebang(program: str) -> list[str] | None:
+    try:
+        with open(program, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    return head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+
+
+def port_holder(port: int) -> str:
+    """Who listens on a TCP port, from ss (empty when ss cannot tell)."""
+    try:
+        out = subprocess.run(
+            ["ss", "-H", "-ltnp", f"sport = :{port}"], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    found = re.search(r'users:\(\("([^"]+)",pid=(\d+)', out)
+    return f" by {found.group(1)} (pid {found.group(2)})" if found else ""
+
+
+def check_port(address: str, port: int) -> str | None:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {address} is in use{port_holder(port)}"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"address {address} is not on this host (run setup.yml: the cabling or addresses changed)"
+            return f"cannot listen on {address}:{port}: {exc.strerror}"
+    return None
+
+
+def preflight(
+    argv: list[str],
+    path: str | None = None,
+    path_prepend: list[str] | None = None,
+    cwd: str | None = None,
+    require: list[str] | None = None,
+    ports: list[list] | None = None,
+) -> dict:
+    """Can this host run its share of a job? The program (through the ranks' PATH) and its
+    interpreter resolved to real paths, the script or module a Python runs, further commands,
+    the working directory, and every planned listening address and port. Changes nothing."""
+    path = os.pathsep.join([*(path_prepend or []), path or os.environ.get("PATH", os.defpath)])
+    problems: list[str] = []
+    if cwd and not os.path.isdir(cwd):
+        problems.append(f"working directory {cwd} does not exist")
+        cwd = None
+    program = resolve(argv[0], path, cwd)
+    interpreter = script = None
+    if program is None:
+        where = "" if "/" in argv[0] else f" on PATH ({path})"
+        problems.append(f"program {argv[0]} not found{where}, or not executable")
+    else:
+        line = shebang(program)
+        if line:
+            name = line[1] if os.path.basename(line[0]) == "env" and len(line) > 1 else line[0]
+            interpreter = resolve(name, path, cwd)
+            if interpreter is None:
+                problems.append(f"{program}: its interpreter {name} (#! line) is missing")
+        elif PYTHON.match(os.path.basename(argv[0])):
+            interpreter = program
+            rest = argv[1:]
+            if rest and rest[0] == "-m" and len(rest) > 1:
+                probe = subprocess.run(
+                    [program, "-c", "import importlib.util, sys; s = importlib.util.find_spec(sys.argv[1]); "
+                     "print(s.origin if s else '')", rest[1]],
+                    capture_output=True, text=True, cwd=cwd, timeout=60, check=False,
+                )  # fmt: skip
+                origin = probe.stdout.strip()
+                if probe.returncode != 0 or not origin:
+                    problems.append(f"{program} cannot import module {rest[1]} (python -m)")
+                else:
+                    script = os.path.realpath(origin)
+            elif rest and not rest[0].startswith("-"):
+                full = rest[0] if os.path.isabs(rest[0]) else os.path.join(cwd or os.getcwd(), rest[0])
+                if os.path.isfile(full):
+                    script = os.path.realpath(full)
+                else:
+                    problems.append(f"script {rest[0]} not found (run by {program})")
+    for name in require or []:
+        if resolve(name, path, cwd) is None:
+            hint = REQUIRED_HINTS.get(name, "install it on every host")
+            problems.append(f"{name} not found on PATH ({path}); {hint}")
+    for entry in ports or []:
+        address, port = str(entry[0]), int(entry[1])
+        what = entry[2] if len(entry) > 2 else ""
+        problem = check_port(address, port)
+        if problem:
+            problems.append(f"{problem}{f' (planned for {what})' if what else ''}")
+    return {"program": program, "interpreter": interpreter, "script": script, "problems": problems}
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _ip(commands: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
+    """One ``ip -json -batch`` run: the interfaces ("address show") by name, and for each
+    "route get ADDRESS" the device the route leaves through."""
+    try:
+        out = subprocess.run(
+            ["ip", "-j", "-force", "-batch", "-"],
+            input="\n".join(commands) + "\n",
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}, {}
+    interfaces: dict[str, dict] = {}
+    routes: dict[str, str] = {}
+    for line in out.splitlines():
+        try:
+            entries = json.loads(line)
+        except ValueError:
+            continue
+        for entry in entries if isinstance(entries, list) else []:
+            if "ifname" in entry:
+                interfaces[entry["ifname"]] = entry
+            elif "dst" in entry and "dev" in entry:
+                routes[entry["dst"]] = entry["dev"]
+    return interfaces, routes
+
+
+def _arp() -> dict[tuple[str, str], str]:
+    """(device, address) -> MAC of every complete IPv4 neighbour entry."""
+    out = {}
+    for line in (_read("/proc/net/arp") or b"").decode().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 6 and int(fields[2], 16) & 0x2 and fields[3] != "00:00:00:00:00:00":
+            out[(fields[5], fields[0])] = fields[3].lower()
+    return out
+
+
+def host_facts(spec: dict) -> dict:
+    """What `meshkit launch` compares with what setup.yml left, instead of discovering again
+    (Linux): the hostfiles' fingerprint, torch.env, the meshccl build, and per planned cable
+    the port's state, MAC and addresses, the route to the peer's address, and the MAC that
+    answers for that address on that port; plus candidate ports that are up but not planned."""
+    state_dir = spec.get("state_dir") or "/var/lib/meshkit"
+    facts: dict = {"platform": sys.platform}
+    manifest = _read(os.path.join(state_dir, "hostfiles", "manifest.json"))
+    try:
+        facts["fingerprint"] = json.loads(manifest).get("fingerprint") if manifest else None
+    except (ValueError, AttributeError):
+        facts["fingerprint"] = None
+    torch_env = _read(os.path.join(state_dir, "hostfiles", "torch.env"))
+    facts["torch_env"] = hashlib.sha256(torch_env).hexdigest() if torch_env is not None else None
+    if spec.get("meshccl_venv"):
+        venv = spec["meshccl_venv"]
+        record = _read(os.path.join(venv, "meshkit-meshccl.json"))
+        try:
+            build = json.loads(record).get("build") if record else None
+        except (ValueError, AttributeError):
+            build = None
+        facts["meshccl_build"] = build if os.path.exists(os.path.join(venv, "bin", "python")) else None
+    if not sys.platform.startswith("linux"):
+        return facts
+    links = spec.get("links") or []
+    interfaces, routes = _ip(["address show", *(f"route get {link['peer_address']}" for link in links)])
+    neighbours = _arp()
+    wanted = [(link["port"], link["peer_address"]) for link in links]
+    missing = [w for w in wanted if w not in neighbours and w[0] in interfaces]
+    if missing:
+        # Ask: a datagram to the discard port makes the kernel resolve the peer's address on
+        # the port its route uses. Entries of a port are flushed when its carrier goes, so an
+        # entry that is there is the cable's current peer.
+        for _port, address in missing:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock, contextlib.suppress(OSError):
+                sock.sendto(b"meshkit", (address, 9))
+        deadline = time.monotonic() + float(spec.get("arp_wait", 1.0))
+        while time.monotonic() < deadline:
+            time.sleep(0.005)
+            neighbours = _arp()
+            if all(w in neighbours for w in missing):
+                break
+    ports = {}
+    for link in links:
+        port = link["port"]
+        info = interfaces.get(port)
+        if info is None:
+            ports[port] = {"exists": False}
+            continue
+        ports[port] = {
+            "exists": True,
+            "up": "LOWER_UP" in (info.get("flags") or []) and "UP" in (info.get("flags") or []),
+            "mac": (info.get("address") or "").lower(),
+            "addresses": [
+                f"{a.get('local')}/{a.get('prefixlen')}"
+                for a in info.get("addr_info") or []
+                if a.get("family") == "inet"
+            ],
+            "route": routes.get(link["peer_address"]),
+            "neighbour": neighbours.get((port, link["peer_address"])),
+        }
+    facts["ports"] = ports
+    planned = {link["port"] for link in links}
+    management = spec.get("management_interface") or ""
+    if management:
+        info = interfaces.get(management)
+        facts["management_up"] = bool(info) and "UP" in (info.get("flags") or [])
+    unplanned = []
+    for name, info in interfaces.items():
+        if not name or name in planned or name in (management, "lo"):
+            continue
+        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in spec.get("peer_ports") or []):
+            continue
+        if os.path.exists(f"/sys/class/net/{name}/bridge") or info.get("master"):
+            continue  # a bridge, or a port in one: discovery does not count these as cables
+        if "LOWER_UP" in (info.get("flags") or []):
+            unplanned.append(name)
+    facts["unplanned"] = sorted(unplanned)
+    return facts
+
+
+def check_host(spec: dict) -> dict:
+    """The whole check of one host: {"preflight": ..., "facts": ...}."""
+    job = spec.get("preflight") or {}
+    result: dict = {"t": "checked"}
+    result["preflight"] = preflight(
+        job.get("argv") or ["true"],
+        path=job.get("path"),
+        path_prepend=job.get("path_prepend"),
+        cwd=job.get("cwd"),
+        require=job.get("require"),
+        ports=job.get("ports"),
+    )
+    result["facts"] = host_facts(spec)
+    return result
 
 
 class Rank:
@@ -325,6 +592,12 @@ class Agent:
         job = self.read_line()
         if job is None:
             return 1
+        if "check" in job:
+            try:
+                self.send(**check_host(job["check"]))
+            except Exception as exc:
+                self.send(t="error", msg=f"cannot check the host: {exc!r}")
+            return 0
         try:
             self.start(job)
         except (OSError, KeyError, TypeError, ValueError) as exc:

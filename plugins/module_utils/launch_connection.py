@@ -74,7 +74,10 @@ def connection_for(host: str, hv: Any, templar: Any = None) -> dict[str, Any]:
         netns = _value(hv, templar, "meshkit_lab_netns")
         if not lab_dir or not netns:
             raise ConnectionError_(f"{host}: connection {kind} needs meshkit_lab_dir and meshkit_lab_netns")
-        return {"kind": "nsenter", "pid": lab_holder(lab_dir, netns)[1], "python": python}
+        # lab_dir and netns let `meshkit launch` check a remembered connection (the holder changes
+        # when the lab is rebuilt).
+        pid = lab_holder(lab_dir, netns)[1]
+        return {"kind": "nsenter", "pid": pid, "python": python, "lab_dir": lab_dir, "netns": netns}
     if kind not in SSH:
         raise ConnectionError_(
             f"{host}: ansible_connection={kind} is not one meshkit launch can stream over; use ssh "
@@ -98,6 +101,17 @@ def connection_for(host: str, hv: Any, templar: Any = None) -> dict[str, Any]:
         "args": args,
         "python": python,
     }
+
+
+def still_valid(connection: dict[str, Any]) -> str | None:
+    """Why a remembered connection can no longer be used as it is (None: it can)."""
+    if connection.get("kind") != "nsenter":
+        return None
+    try:
+        pid = lab_holder(str(connection.get("lab_dir")), str(connection.get("netns")))[1]
+    except ConnectionError_ as exc:
+        return str(exc)
+    return None if pid == connection.get("pid") else f"lab host {connection.get('netns')} was rebuilt"
 
 
 def ssh_argv(connection: dict[str, Any]) -> list[str]:

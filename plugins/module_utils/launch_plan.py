@@ -9,9 +9,13 @@ together, so rank r and r+1 share a cable or a host. Every runtime gets the same
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import secrets
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
@@ -309,3 +313,79 @@ def preflight_problems(results: dict[str, dict[str, Any]]) -> list[str]:
             shown = "; ".join(f"{', '.join(hosts)}: {path}" for path, hosts in seen.items())
             problems.append(f"{what} is not the same on every host ({shown}); install it at one path everywhere")
     return problems
+
+
+# The planning inputs besides the cabling plan and the settings: what launch.yml gathers (the
+# inventory's settings, every host's torch.env, management interface and meshccl programs).
+INPUTS = (
+    "state_dir",
+    "cluster",
+    "ssh",
+    "nccl",
+    "torch_env",
+    "management_interface",
+    "master_port",
+    "meshccl_port",
+    "bin_dirs",
+    "dest",
+)
+
+
+def new_job_id() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def make_job(
+    plan: dict[str, Any], settings: dict[str, Any], inputs: dict[str, Any], job_id: str | None = None
+) -> dict[str, Any]:
+    """The job as launch.yml and `meshkit launch` run it, from the plan, validate()'s settings
+    and the INPUTS."""
+    nccl = dict(inputs.get("nccl") or {})  # given outright, else from each host's torch.env
+    for host, text in (inputs.get("torch_env") or {}).items():
+        nccl.setdefault(host, nccl_from_env_file(text))
+    job = build(
+        plan,
+        settings,
+        job_id=job_id or new_job_id(),
+        state_dir=inputs["state_dir"],
+        cluster=inputs["cluster"],
+        ssh=dict(inputs.get("ssh") or {}),
+        nccl=nccl,
+        management_interface=dict(inputs.get("management_interface") or {}),
+        master_port=int(inputs.get("master_port") or 29500),
+        meshccl_port=int(inputs.get("meshccl_port") or 29600),
+        bin_dirs=dict(inputs.get("bin_dirs") or {}),
+    )
+    return job.as_dict() | {"timeout": settings.get("timeout") or 0, "grace": settings.get("grace", 3.0)}
+
+
+def record_job(data: dict[str, Any], dest: str | None) -> dict[str, Any]:
+    """Write the job as planned to <dest>/<job id>/job.json (no token: that is made when the
+    ranks start), the directory its logs go to; the job with its log_dir."""
+    if not dest:
+        return data
+    where = Path(dest) / data["job_id"]
+    where.mkdir(parents=True, exist_ok=True)
+    os.chmod(where, 0o700)
+    (where / "job.json").write_text(json.dumps(data, indent=1) + "\n")
+    return data | {"log_dir": str(where)}
+
+
+def describe(job: dict[str, Any]) -> str:
+    hosts = list(dict.fromkeys(r["host"] for r in job["ranks"]))
+    return (
+        f"job {job['job_id']}: {job['world_size']} ranks of {job['runtime']} on {len(hosts)} hosts ({', '.join(hosts)})"
+    )
+
+
+def host_preflight(job: dict[str, Any], host: str) -> dict[str, Any]:
+    """The launch_preflight arguments of one host (launch.yml passes the same)."""
+    first = next(r for r in job["ranks"] if r["host"] == host)
+    return {
+        "argv": first["argv"],
+        "path": first["env"].get("PATH"),
+        "path_prepend": first.get("path_prepend") or [],
+        "cwd": first.get("cwd") or None,
+        "require": ["orted"] if job["runtime"] == "mpi" else [],
+        "ports": job["ports"].get(host) or [],
+    }

@@ -50,6 +50,11 @@ options:
     description: Start nothing; write the checked job and every host's connection to this file (what C(meshkit launch)
       runs itself, with stdin).
     type: path
+  context:
+    description: With O(prepare_to), what the job was planned from (the cabling plan, the planning inputs, the
+      inventory's settings, the meshccl build), written beside it; C(meshkit launch) remembers it to plan and check
+      its next jobs without Ansible.
+    type: dict
   quiet:
     description: Do not show the ranks' output while they run (it is still logged).
     type: bool

@@ -96,4 +96,9 @@ job:
   description: The job - id, runtime, world size, per-rank host/argv/env, per-host files and ports, log directory.
   returned: success
   type: dict
+inputs:
+  description: What the job was planned from besides the plan and the settings (state_dir, cluster, ssh, nccl,
+    torch_env, management_interface, master_port, meshccl_port, bin_dirs, dest); C(meshkit launch) remembers it.
+  returned: success
+  type: dict
 """

@@ -81,66 +81,8 @@ problems:
   elements: str
 """
 
-import errno
-import os
-import re
-import shutil
-import socket
-import subprocess
-
 from ansible.module_utils.basic import AnsibleModule
-
-PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-
-
-REQUIRED_HINTS = {
-    "orted": "install Open MPI (the same version as the controller's mpirun; Debian: openmpi-bin)",
-}
-
-
-def resolve(name: str, path: str | None, cwd: str | None) -> str | None:
-    if "/" in name:
-        full = name if os.path.isabs(name) else os.path.join(cwd or os.getcwd(), name)
-        return os.path.realpath(full) if os.path.isfile(full) and os.access(full, os.X_OK) else None
-    found = shutil.which(name, path=path)
-    return os.path.realpath(found) if found else None
-
-
-def shebang(program: str) -> list[str] | None:
-    try:
-        with open(program, "rb") as handle:
-            head = handle.read(256)
-    except OSError:
-        return None
-    if not head.startswith(b"#!"):
-        return None
-    return head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
-
-
-def holder(port: int) -> str:
-    """Who listens on a TCP port, from ss (empty when ss cannot tell)."""
-    try:
-        out = subprocess.run(
-            ["ss", "-H", "-ltnp", f"sport = :{port}"], capture_output=True, text=True, timeout=5, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    found = re.search(r'users:\(\("([^"]+)",pid=(\d+)', out)
-    return f" by {found.group(1)} (pid {found.group(2)})" if found else ""
-
-
-def check_port(address: str, port: int) -> str | None:
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((address, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return f"port {port} on {address} is in use{holder(port)}"
-            if exc.errno == errno.EADDRNOTAVAIL:
-                return f"address {address} is not on this host (run setup.yml: the cabling or addresses changed)"
-            return f"cannot listen on {address}:{port}: {exc.strerror}"
-    return None
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import preflight
 
 
 def main() -> None:
@@ -156,55 +98,15 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    argv, path, cwd = p["argv"], p["path"] or os.environ.get("PATH", os.defpath), p["cwd"]
-    path = os.pathsep.join([*p["path_prepend"], path])
-    problems: list[str] = []
-    if cwd and not os.path.isdir(cwd):
-        problems.append(f"working directory {cwd} does not exist")
-        cwd = None
-    program = resolve(argv[0], path, cwd)
-    interpreter = script = None
-    if program is None:
-        where = "" if "/" in argv[0] else f" on PATH ({path})"
-        problems.append(f"program {argv[0]} not found{where}, or not executable")
-    else:
-        line = shebang(program)
-        if line:
-            name = line[1] if os.path.basename(line[0]) == "env" and len(line) > 1 else line[0]
-            interpreter = resolve(name, path, cwd)
-            if interpreter is None:
-                problems.append(f"{program}: its interpreter {name} (#! line) is missing")
-        elif PYTHON.match(os.path.basename(argv[0])):
-            interpreter = program
-            rest = argv[1:]
-            if rest and rest[0] == "-m" and len(rest) > 1:
-                probe = subprocess.run(
-                    [program, "-c", "import importlib.util, sys; s = importlib.util.find_spec(sys.argv[1]); "
-                     "print(s.origin if s else '')", rest[1]],
-                    capture_output=True, text=True, cwd=cwd, timeout=60, check=False,
-                )  # fmt: skip
-                origin = probe.stdout.strip()
-                if probe.returncode != 0 or not origin:
-                    problems.append(f"{program} cannot import module {rest[1]} (python -m)")
-                else:
-                    script = os.path.realpath(origin)
-            elif rest and not rest[0].startswith("-"):
-                full = rest[0] if os.path.isabs(rest[0]) else os.path.join(cwd or os.getcwd(), rest[0])
-                if os.path.isfile(full):
-                    script = os.path.realpath(full)
-                else:
-                    problems.append(f"script {rest[0]} not found (run by {program})")
-    for name in p["require"]:
-        if resolve(name, path, cwd) is None:
-            hint = REQUIRED_HINTS.get(name, "install it on every host")
-            problems.append(f"{name} not found on PATH ({path}); {hint}")
-    for entry in p["ports"]:
-        address, port = str(entry[0]), int(entry[1])
-        what = entry[2] if len(entry) > 2 else ""
-        problem = check_port(address, port)
-        if problem:
-            problems.append(f"{problem}{f' (planned for {what})' if what else ''}")
-    module.exit_json(changed=False, program=program, interpreter=interpreter, script=script, problems=problems)
+    found = preflight(
+        p["argv"],
+        path=p["path"],
+        path_prepend=p["path_prepend"],
+        cwd=p["cwd"],
+        require=p["require"],
+        ports=p["ports"],
+    )
+    module.exit_json(changed=False, **found)
 
 
 if __name__ == "__main__":

@@ -77,8 +77,6 @@ version:
   type: str
 """
 
-import contextlib
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -91,40 +89,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-
-SKIP_DIRS = {"build", "__pycache__", ".pytest_cache", "dist"}
-MARK = "meshkit-wheelhouse.json"
-BARE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def source_files(source: str) -> list[str]:
-    out = []
-    for root, dirs, files in os.walk(source):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
-        out.extend(os.path.join(root, f) for f in sorted(files) if not f.endswith((".pyc", ".so")))
-    return out
-
-
-def pinned(requirements: list[str]) -> list[str]:
-    out = []
-    for req in requirements:
-        version = None
-        if BARE.match(req):
-            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-                version = importlib.metadata.version(req)
-        out.append(f"{req}=={version}" if version else req)
-    return out
-
-
-def build_id(source: str, requirements: list[str]) -> str:
-    h = hashlib.sha256()
-    h.update(f"{sys.version_info[:2]} {sys.platform} {os.uname().machine}\n".encode())
-    h.update(("\n".join(requirements) + "\n").encode())
-    for path in source_files(source):
-        h.update(os.path.relpath(path, source).encode() + b"\0")
-        with open(path, "rb") as f:
-            h.update(hashlib.sha256(f.read()).digest())
-    return h.hexdigest()[:16]
+from ansible_collections.meshkit.cluster.plugins.module_utils.meshccl_build import build_id, pinned
 
 
 def project_version(source: str) -> str:
@@ -135,6 +100,9 @@ def project_version(source: str) -> str:
 
 def pip(*args: str) -> list[str]:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
+
+
+MARK = "meshkit-wheelhouse.json"
 
 
 def prune(dest: str, keep: str) -> None:
@@ -165,7 +133,15 @@ def main() -> None:
     version = project_version(source)
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     path = os.path.join(dest, build)
-    result = {"build": build, "path": path, "python_tag": tag, "version": version, "requirements": requirements}
+    result = {
+        "build": build,
+        "path": path,
+        "python_tag": tag,
+        "version": version,
+        "requirements": requirements,
+        "source": source,
+        "requested": module.params["requirements"],
+    }
     mark = os.path.join(path, MARK)
     if os.path.isfile(mark):
         with open(mark, encoding="utf-8") as f:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.meshkit.cluster.plugins.module_utils import launch_fast
 
 from .conftest import ENV, REPO, LabHandle, run_playbook, sh
 
@@ -350,3 +351,95 @@ def test_meshkit_launch_broadcasts_a_typed_line_to_every_rank(lab):
     assert proc.returncode == 0, text
     for r in range(8):
         assert re.search(rf"^\[{r}\|node\d\] rank {r} got: hello mesh\r?$", text, re.M), text
+
+
+def test_meshkit_launch_remembers_the_checked_plan_and_rechecks_on_the_hosts(lab, tmp_path):
+    """The first `meshkit launch` runs launch.yml and remembers what it planned from; the next
+    plans from that and has every host check it (cables by the MAC that answers, hostfiles,
+    meshccl build, preflight) instead of running Ansible; what no longer holds goes back through
+    launch.yml."""
+    handle, artifacts = lab
+    # The inventory's own variables (no -e: -e always runs launch.yml): the test's artifacts dir.
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "lab.yml").write_text(handle.inventory.read_text())
+    (inventory / "group_vars" / "all.yml").write_text(f"meshkit_artifacts_dir: {artifacts}\n")
+    cache = tmp_path / "cache"
+    env = dict(ENV, MESHKIT_LAUNCH_CACHE=str(cache))
+
+    def meshkit_launch(*program: str, runtime: str = "plain") -> subprocess.CompletedProcess[str]:
+        argv = [PYTHON, MESHKIT, "launch", "-i", str(inventory), "-r", runtime, "-n", "2", "-t", "120", "--", *program]
+        opts: dict[str, Any] = {"capture_output": True, "text": True, "env": env, "cwd": REPO}
+        return subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, **opts)
+
+    hello = ("sh", "-c", 'echo "rank $MESHKIT_RANK of $MESHKIT_WORLD_SIZE"')
+    first = meshkit_launch(*hello)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "no checked plan remembered for this inventory and runtime yet; running every check" in first.stderr
+    [remembered] = list(cache.iterdir())
+    assert remembered.stat().st_mode & 0o777 == 0o600
+
+    second = meshkit_launch(*hello)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out
+    assert "checked 4 hosts against the plan of the last full check" in second.stderr, out
+    assert "running every check" not in out and "Discover the cabling" not in out, out
+    for r in range(8):
+        assert re.search(rf"^\[{r}\|node\d\] rank {r} of 8$", second.stdout, re.M), out
+
+    # What every host reported for its cables: the MAC that answers for the peer's address on a
+    # port is the peer port's own MAC (read here in the peer's namespace).
+    record = json.loads(remembered.read_text())
+    context, connections = record["context"], record["connections"]
+    macs = {}
+    for host, pid in holders(handle).items():
+        for link in json.loads(sh("nsenter", "-t", str(pid), "-n", "--", "ip", "-j", "link", "show").stdout):
+            macs[(host, link["ifname"])] = link["address"]
+    settings = launch_fast.validate({"program": ["true"], "runtime": "plain", "ranks_per_host": 1})
+    job = launch_fast.make_job(context["plan"], settings, context["inputs"])
+    specs = launch_fast.check_specs(job, context)
+    answers = launch_fast.run_checks(connections, specs)
+    checked = 0
+    for host, spec in specs.items():
+        for link in spec["links"]:
+            found = answers[host]["facts"]["ports"][link["port"]]
+            assert found["neighbour"] == macs[(link["peer_host"], link["peer_port"])], (host, link, found)
+            assert found["route"] == link["port"] and found["up"], (host, link, found)
+            checked += 1
+    assert checked == 12  # 6 cables, both ends
+
+    # A program missing on one host: refused by the hosts' own preflight, without launch.yml.
+    program = "/var/lib/meshkit/bin/mk-fast"
+    made = handle.ansible(
+        "-m", "ansible.builtin.shell",
+        "-a", f"mkdir -p /var/lib/meshkit/bin && printf '#!/bin/sh\\necho hi\\n' > {program} && chmod +x {program}",
+        pattern="node1,node2,node4",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    try:
+        refused = meshkit_launch(program)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "preflight failed; no rank of job" in refused.stderr, refused.stderr
+        assert f"node3: program {program} not found, or not executable" in refused.stderr, refused.stderr
+        assert "running every check" not in refused.stderr and "node1: program" not in refused.stderr
+    finally:
+        handle.ansible("-m", "ansible.builtin.file", "-a", f"path={program} state=absent", pattern="node1,node2,node4")
+
+    # A cable taken down: the hosts' check names both ends, launch.yml rediscovers and refuses.
+    link = context["plan"]["per_host"]["node3"][0]
+    node3 = ["nsenter", "-t", str(holders(handle)["node3"]), "-n", "--"]
+    sh(*node3, "ip", "link", "set", link["port"], "down")
+    try:
+        down = meshkit_launch(*hello)
+        assert down.returncode == 2, down.stdout + down.stderr
+        assert f"node3:{link['port']} is down" in down.stderr, down.stderr
+        assert "running every check (launch.yml)" in down.stderr
+        assert "the cabling changed since setup.yml planned it" in down.stderr, down.stderr
+        assert "[0|" not in down.stdout  # nothing started
+    finally:
+        sh(*node3, "ip", "link", "set", link["port"], "up")
+
+    # Back up (its neighbours resolved afresh): the remembered plan holds again.
+    again = meshkit_launch(*hello)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "checked 4 hosts against the plan" in again.stderr, again.stderr

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from ansible_collections.meshkit.cluster.plugins.module_utils import meshccl_build
 from ansible_collections.meshkit.cluster.plugins.modules import meshccl_venv, meshccl_wheel
 
 from .module_harness import patch_exits, run_module
@@ -18,18 +19,18 @@ SOURCE = Path(__file__).parents[2] / "collective"
 def test_build_id_follows_the_sources_not_the_build_directories(tmp_path):
     src = tmp_path / "collective"
     shutil.copytree(SOURCE, src, ignore=shutil.ignore_patterns("build", "__pycache__"))
-    first = meshccl_wheel.build_id(str(src), ["numpy==2.0.0"])
-    assert first == meshccl_wheel.build_id(str(src), ["numpy==2.0.0"])
+    first = meshccl_build.build_id(str(src), ["numpy==2.0.0"])
+    assert first == meshccl_build.build_id(str(src), ["numpy==2.0.0"])
     (src / "build" / "x").mkdir(parents=True)
     (src / "build" / "x" / "CMakeCache.txt").write_text("anything")
-    assert meshccl_wheel.build_id(str(src), ["numpy==2.0.0"]) == first
-    assert meshccl_wheel.build_id(str(src), ["numpy==2.1.0"]) != first
+    assert meshccl_build.build_id(str(src), ["numpy==2.0.0"]) == first
+    assert meshccl_build.build_id(str(src), ["numpy==2.1.0"]) != first
     (src / "src" / "extra.cpp").write_text("// a change\n")
-    assert meshccl_wheel.build_id(str(src), ["numpy==2.0.0"]) != first
+    assert meshccl_build.build_id(str(src), ["numpy==2.0.0"]) != first
 
 
 def test_bare_requirements_are_pinned_to_the_controllers_versions():
-    pinned = meshccl_wheel.pinned(["numpy", "pip>=20", "surely-not-installed-pkg"])
+    pinned = meshccl_build.pinned(["numpy", "pip>=20", "surely-not-installed-pkg"])
     assert pinned[0].startswith("numpy==") and pinned[1:] == ["pip>=20", "surely-not-installed-pkg"]
 
 
