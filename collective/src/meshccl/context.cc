@@ -298,8 +298,8 @@ Req* Context::postRecv(int peer, int conn, void* data, size_t len, Req::Handler*
   Pair& p = pairInOp(peer);
   Connection& c = *p.conns[static_cast<size_t>(conn) % p.conns.size()];
   if (c.eof) {
-    fail(ErrorKind::kIo, cat("rank ", rank(), ": rank ", peer, " (", c.remote,
-                             ") closed its connection (it exited or was killed) before ", describe(desc_)));
+    failClosed(c, cat("rank ", rank(), ": rank ", peer, " (", c.remote,
+                      ") closed its connection (it exited or was killed) before ", describe(desc_)));
   }
   Req* r = newReq();
   r->data = static_cast<char*>(data);
@@ -544,8 +544,8 @@ bool Context::doRecv(Connection& c) {
     }
     if (got == 0) {
       c.eof = true;
-      fail(ErrorKind::kIo, cat("rank ", rank(), ": rank ", c.peer, " (", c.remote,
-                               ") closed the connection (it exited or was killed) during ", describe(desc_)));
+      failClosed(c, cat("rank ", rank(), ": rank ", c.peer, " (", c.remote,
+                        ") closed the connection (it exited or was killed) during ", describe(desc_)));
     }
     moved = true;
     auto left = static_cast<size_t>(got);
@@ -691,6 +691,58 @@ void Context::sendAborts(ErrorKind kind, const std::string& message) {
     c->sendq.clear();
     c->recvq.clear();
   }
+}
+
+void Context::failClosed(Connection& c, const std::string& message) {
+  if (!poisoned_ && c.peer >= 0 && static_cast<size_t>(c.peer) < pairs_.size() && pairs_[c.peer] != nullptr) {
+    const double until = monotonicSeconds() + 0.5;
+    for (auto& other : pairs_[c.peer]->conns) {
+      if (other.get() != &c && (other->fd || other->shm)) findAbort(*other, until);  // throws when found
+    }
+  }
+  fail(ErrorKind::kIo, message);
+}
+
+// Reads on past this connection's data frames (this rank is failing: they are not needed) to an
+// ABORT, and fails with it. Returns at the end of the stream, a stall past `deadline`, or a stream
+// it cannot follow (a header half read).
+void Context::findAbort(Connection& c, double deadline) {
+  size_t skip = 0;
+  if (!c.recvq.empty()) {
+    const Req& r = *c.recvq.front();
+    if (r.hdrDone > 0 && r.hdrDone < sizeof(FrameHeader)) return;
+    if (r.hdrDone == sizeof(FrameHeader)) skip = r.len - r.done;
+  }
+  std::vector<char> sink(4096);
+  for (int frames = 0; frames < 1024; ++frames) {
+    while (skip > 0) {
+      const size_t n = std::min(skip, sink.size());
+      if (!readUntil(c, sink.data(), n, deadline)) return;
+      skip -= n;
+    }
+    FrameHeader h{};
+    if (!readUntil(c, reinterpret_cast<char*>(&h), sizeof(h), deadline)) return;
+    if ((h.magic & 0xffff0000u) != kFrameMagic) return;
+    if ((h.magic & 0xffffu) == kFrameAbort) receiveAbort(c, h, nullptr, 0);
+    skip = h.len;
+  }
+}
+
+bool Context::readUntil(Connection& c, char* data, size_t len, double deadline) {
+  while (len > 0) {
+    iovec iov{data, len};
+    const ssize_t n = recvBytes(c, &iov, 1);
+    if (n > 0) {
+      data += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    if (monotonicSeconds() > deadline) return false;
+    waitReadable(c, 20);
+  }
+  return true;
 }
 
 void Context::fail(ErrorKind kind, const std::string& message) {

@@ -198,6 +198,13 @@ class Context {
   void peek(Connection& c);
   [[noreturn]] void receiveAbort(Connection& c, const FrameHeader& hdr, const char* prefix, size_t prefixLen);
   void sendAborts(ErrorKind kind, const std::string& message);
+  // A peer's connection ended while this rank needs it. A failing peer sends its ABORT on one
+  // connection, then closes them all, so the close can be met first on another: look for that
+  // ABORT on the peer's other connections (failing with the peer's own error), else fail with
+  // `message`.
+  [[noreturn]] void failClosed(Connection& c, const std::string& message);
+  void findAbort(Connection& c, double deadline);
+  bool readUntil(Connection& c, char* data, size_t len, double deadline);
   void drainAfterFailure();
   [[noreturn]] void timeoutFail();
   std::string pendingSummary() const;
