@@ -25,11 +25,13 @@ launch.yml would report it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +50,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import AG
 
 # Bumped when the context's shape or meaning changes: older caches are then not used.
 VERSION = 1
-CHECK_TIMEOUT = 30.0
+CHECK_TIMEOUT = 90.0  # the preflight's `python -m` probe may take 60 s
 EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
 
@@ -91,6 +93,10 @@ def cache_key(inventory: Path, runtime: str, playbook_dir: Path, ansible_cfg: Pa
     h = hashlib.sha256(f"{VERSION}\0{runtime}\0{inventory.resolve()}\0".encode())
     for path in inventory_files(inventory, playbook_dir):
         h.update(str(path.resolve()).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    # meshkit's own launch code: a check added there is not skipped by an older record.
+    for path in [playbook_dir / "launch.yml", *sorted((playbook_dir / "plugins").rglob("*.py"))]:
+        if path.is_file():
+            h.update(b"code\0" + hashlib.sha256(path.read_bytes()).digest())
     if ansible_cfg is not None and ansible_cfg.is_file():
         h.update(b"cfg\0" + ansible_cfg.read_bytes())
     for name in sorted(os.environ):
@@ -108,15 +114,25 @@ def save(path: Path, key: str, context: dict[str, Any], connections: dict[str, A
     """Keep a full launch's context (0600: it names hosts, users and key files)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     record = {"version": VERSION, "key": key, "saved": time.time(), "context": context, "connections": connections}
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(record, handle)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600, a new file
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(record, handle)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def load(path: Path, key: str) -> dict[str, Any]:
+    """The record at ``path`` if its key is ``key``. Its connections become command lines, so it
+    must be this user's own and writable by nobody else (nor its directory)."""
     try:
+        for where in (path.parent, path):
+            st = where.stat()
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                raise Stale(f"{where} is not this user's own or others may write it; not used")
         record = json.loads(path.read_text())
     except FileNotFoundError:
         raise Stale("no checked plan remembered for this inventory and runtime yet") from None
@@ -181,19 +197,25 @@ def run_checks(
     def one(host: str) -> dict[str, Any]:
         conn = connections[host]
         data = f"{len(source):010d}".encode() + source + (json.dumps({"check": specs[host]}) + "\n").encode()
-        try:
-            proc = subprocess.run(
-                agent_argv(conn, conn.get("python") or "python3"),
-                input=data,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired:
-            return {"error": f"no answer within {timeout:g} s"}
-        except OSError as exc:
-            return {"error": f"cannot start its connection: {exc}"}
+        # stderr goes to a file: an ssh that starts a persistent master leaves that master holding
+        # its stderr open (the launcher reads only stdout to its end for the same reason).
+        with tempfile.TemporaryFile() as errors:
+            try:
+                proc = subprocess.run(
+                    agent_argv(conn, conn.get("python") or "python3"),
+                    input=data,
+                    stdout=subprocess.PIPE,
+                    stderr=errors,
+                    timeout=timeout,
+                    check=False,
+                    start_new_session=True,
+                )
+            except subprocess.TimeoutExpired:
+                return {"error": f"no answer within {timeout:g} s"}
+            except OSError as exc:
+                return {"error": f"cannot start its connection: {exc}"}
+            errors.seek(0)
+            stderr = errors.read()
         for line in proc.stdout.decode(errors="replace").splitlines():
             try:
                 msg = json.loads(line)
@@ -203,7 +225,7 @@ def run_checks(
                 return msg
             if isinstance(msg, dict) and msg.get("t") == "error":
                 return {"error": str(msg.get("msg"))}
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        err = stderr.decode(errors="replace").strip().splitlines()
         return {"error": f"connection exited {proc.returncode}: {' / '.join(err[-3:]) or 'no output'}"}
 
     with ThreadPoolExecutor(max_workers=min(32, len(specs) or 1)) as pool:
@@ -239,7 +261,7 @@ def stale_reasons(
         if (facts.get("torch_env") or EMPTY_SHA) != planned_env:
             out.append(f"{host}: its torch.env changed")
         if "meshccl_venv" in specs[host] and facts.get("meshccl_build") != build:
-            out.append(f"{host}: meshccl there is not build {build}")
+            out.append(f"{host}: meshccl there is missing, incomplete or not build {build}")
         if facts.get("management_up") is False:
             out.append(f"{host}: management interface {specs[host]['management_interface']} is not up")
         ports = facts.get("ports") or {}

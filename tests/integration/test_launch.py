@@ -86,6 +86,16 @@ def processes_with_env(marker: str) -> list[str]:
     return found
 
 
+def put_program(handle: LabHandle, program: str, hosts: str) -> None:
+    """A script at ``program`` on ``hosts`` only (/var/lib/meshkit is each lab host's own)."""
+    made = handle.ansible(
+        "-m", "ansible.builtin.shell",
+        "-a", f"mkdir -p /var/lib/meshkit/bin && printf '#!/bin/sh\\necho hi\\n' > {program} && chmod +x {program}",
+        pattern=hosts,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+
+
 def test_meshccl_all_reduce_on_4_hosts_x_2_ranks(lab):
     # A bare "python3": the launch puts each host's own meshccl environment first on PATH.
     rc, output, summary = launch(
@@ -285,13 +295,7 @@ def test_mpi_failing_rank_is_named_and_nothing_is_left(lab):
 def test_a_program_missing_on_one_host_fails_the_preflight(lab):
     handle, _ = lab
     program = "/var/lib/meshkit/bin/mk-hello"
-    # /var/lib/meshkit is each lab host's own: the program exists on three hosts only.
-    made = handle.ansible(
-        "-m", "ansible.builtin.shell",
-        "-a", f"mkdir -p /var/lib/meshkit/bin && printf '#!/bin/sh\\necho hi\\n' > {program} && chmod +x {program}",
-        pattern="node1,node2,node3",
-    )  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
+    put_program(handle, program, "node1,node2,node3")
     try:
         rc, output, summary = launch(lab, launch_program=program, launch_runtime="plain")
         assert rc != 0
@@ -410,12 +414,7 @@ def test_meshkit_launch_remembers_the_checked_plan_and_rechecks_on_the_hosts(lab
 
     # A program missing on one host: refused by the hosts' own preflight, without launch.yml.
     program = "/var/lib/meshkit/bin/mk-fast"
-    made = handle.ansible(
-        "-m", "ansible.builtin.shell",
-        "-a", f"mkdir -p /var/lib/meshkit/bin && printf '#!/bin/sh\\necho hi\\n' > {program} && chmod +x {program}",
-        pattern="node1,node2,node4",
-    )  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
+    put_program(handle, program, "node1,node2,node4")
     try:
         refused = meshkit_launch(program)
         assert refused.returncode == 2, refused.stdout + refused.stderr

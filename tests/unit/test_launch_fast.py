@@ -133,6 +133,11 @@ def test_key_is_stable_and_follows_the_inventory_its_vars_ansible_cfg_and_runtim
     host_vars.mkdir()
     (host_vars / "node1.yml").write_text("meshkit_peer_ports: [tb*]\n")
     changed()
+    (layout["playbooks"] / "launch.yml").write_text("- hosts: all\n")  # meshkit's own launch code
+    changed()
+    (layout["playbooks"] / "plugins" / "module_utils").mkdir(parents=True)
+    (layout["playbooks"] / "plugins" / "module_utils" / "launch_agent.py").write_text("CHECK = 1\n")
+    changed()
     layout["cfg"].write_text("[defaults]\nforks = 10\n")
     changed()
     assert key_of(layout, runtime="torch") not in seen
@@ -302,7 +307,10 @@ CHANGES = {
         lambda a: a["node2"]["facts"].update(torch_env=sha("NCCL_X=1\n")),
         "node2: its torch.env changed",
     ),
-    "meshccl": (lambda a: a["node1"]["facts"].update(meshccl_build="old"), "node1: meshccl there is not build abc"),
+    "meshccl": (
+        lambda a: a["node1"]["facts"].update(meshccl_build="old"),
+        "node1: meshccl there is missing, incomplete or not build abc",
+    ),
     "not linux": (
         lambda a: a["node2"]["facts"].update(platform="darwin"),
         "node2: the quick checks need Linux (this host is darwin)",
@@ -379,3 +387,17 @@ def test_run_checks_reports_a_silent_or_failing_connection(tmp_path: Path) -> No
     answers = launch_fast.run_checks(connections, specs, timeout=0.5)
     assert answers["slow"] == {"error": "no answer within 0.5 s"}
     assert answers["failing"] == {"error": "connection exited 255: Permission denied (publickey)."}
+
+
+def test_a_record_others_may_write_is_not_used_and_saving_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "cache" / "x-plain.json"
+    launch_fast.save(path, "k", {"plan": PLAN}, {})
+    assert [p.name for p in path.parent.iterdir()] == ["x-plain.json"]
+    assert launch_fast.load(path, "k")["key"] == "k"
+    path.chmod(0o620)
+    with pytest.raises(Stale, match="others may write it"):
+        launch_fast.load(path, "k")
+    path.chmod(0o600)
+    path.parent.chmod(0o777)
+    with pytest.raises(Stale, match="others may write it"):
+        launch_fast.load(path, "k")
