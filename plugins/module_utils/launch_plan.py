@@ -112,6 +112,13 @@ class Job:
             "notes": self.notes,
         }
 
+    def hosts(self) -> list[str]:
+        seen: list[str] = []
+        for r in self.ranks:
+            if r["host"] not in seen:
+                seen.append(r["host"])
+        return seen
+
 
 def mlx_ring_file(plan: dict[str, Any], ssh: dict[str, str], ranks_per_host: int, port: int) -> list[list[str]]:
     """MLX's runtime ring file for several ranks per host: a host's first rank listens on its
