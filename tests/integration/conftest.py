@@ -134,7 +134,71 @@ class LabHandle:
         return left
 
 
-_counter = iter(range(1, 250))
+_counter = iter(range(1, 10_000))
+# Test labs take a /24 of 198.19.1-249.0/24 each. A claim is a file named after the third octet,
+# holding the claiming pytest's pid, so test runs of several checkouts (or sessions) on one machine
+# never pick the same subnet; a claim whose process is gone is taken over.
+CLAIMS = Path("/run/meshkit-test-subnets")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_subnet() -> str:
+    """A free 198.19.x.0/24 for one test lab: unclaimed, and no route of this machine in it."""
+    CLAIMS.mkdir(parents=True, exist_ok=True)
+    routed = {r.get("dst", "") for r in ip_json("-4", "route", "show", "table", "all")}
+    for octet in range(1, 250):
+        subnet = f"198.19.{octet}.0/24"
+        if any(dst.startswith(f"198.19.{octet}.") for dst in routed):
+            continue
+        path = CLAIMS / str(octet)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                owner = int(path.read_text().strip() or 0)
+            except (OSError, ValueError):
+                continue
+            if owner and _alive(owner):
+                continue
+            path.unlink(missing_ok=True)  # a dead run's claim; whoever gets O_EXCL next wins it
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(os.getpid()))
+        return subnet
+    raise RuntimeError(f"no free 198.19.x.0/24 for a test lab (claims in {CLAIMS})")
+
+
+def release_subnet(subnet: str) -> None:
+    octet = subnet.split(".")[2]
+    path = CLAIMS / octet
+    try:
+        if path.read_text().strip() == str(os.getpid()):
+            path.unlink()
+    except OSError:
+        pass
+
+
+def new_lab(name: str | None = None, subnet: str | None = None, **variables: Any) -> LabHandle:
+    """A lab handle with a name and subnet no other test (or test run) on this machine uses."""
+    n = next(_counter)
+    return LabHandle(name or f"mkt{os.getpid() % 1000}x{n}", subnet or claim_subnet(), variables)
+
+
+def drop_lab(handle: LabHandle) -> None:
+    handle.down()
+    release_subnet(handle.subnet)
 
 
 @pytest.fixture
@@ -143,14 +207,13 @@ def make_lab() -> Iterator[Any]:
     made: list[LabHandle] = []
 
     def factory(*, name: str | None = None, subnet: str | None = None, **variables: Any) -> LabHandle:
-        n = next(_counter)
-        handle = LabHandle(name or f"mkt{os.getpid() % 1000}x{n}", subnet or f"198.19.{n}.0/24", variables)
+        handle = new_lab(name, subnet, **variables)
         made.append(handle)
         return handle
 
     yield factory
     for handle in made:
-        handle.down()
+        drop_lab(handle)
 
 
 def kernel_cables(hosts: dict[str, str]) -> list[tuple[tuple[str, str], tuple[str, str]]]:

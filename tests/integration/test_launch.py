@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import launch_fast
 
-from .conftest import ENV, REPO, LabHandle, run_playbook, sh
+from .conftest import ENV, REPO, LabHandle, drop_lab, new_lab, run_playbook, sh
 
 PROGRAMS = Path(__file__).parent / "programs"
 PYTHON = str(REPO / ".venv" / "bin" / "python")
@@ -30,7 +30,7 @@ VENV = "/var/lib/meshkit/meshccl"  # each lab host's own meshccl (its /var/lib/m
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, Path]]:
-    handle = LabHandle(f"mkt{os.getpid() % 1000}l", "198.19.250.0/24", {"lab_size": 4, "lab_shape": "mesh"})
+    handle = new_lab(f"mkt{os.getpid() % 1000}l", lab_size=4, lab_shape="mesh")
     artifacts = tmp_path_factory.mktemp("launch-artifacts")
     try:
         built = handle.up()
@@ -39,7 +39,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, P
         assert run.rc == 0, run.output
         yield handle, artifacts
     finally:
-        handle.down()
+        drop_lab(handle)
 
 
 def launch(lab: tuple[LabHandle, Path], **variables: Any) -> tuple[int, str, dict[str, Any] | None]:
