@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
 
 
 def runner(module: Any):
@@ -53,11 +53,6 @@ MANAGEMENT_ARGS: dict[str, dict[str, Any]] = {
     "management_address": {"type": "str"},
     "management_interface": {"type": "str"},
 }
-# Options of the modules that persist Linux configuration.
-PERSIST_ARGS: dict[str, dict[str, Any]] = {
-    "persist": {"type": "str", "default": "auto", "choices": ["auto", "networkd", "networkmanager", "runtime"]},
-    "networkd_dir": {"type": "path", "default": "/etc/systemd/network"},
-}
 
 
 def find_management_interface(module: Any, run, darwin: bool, addrs: list[dict[str, Any]] | None = None) -> str | None:
@@ -70,19 +65,3 @@ def find_management_interface(module: Any, run, darwin: bool, addrs: list[dict[s
         return macos.management_interface(run, connection_addresses(p.get("management_address"), controller=True))
     addrs = linux_net.addresses(run) if addrs is None else addrs
     return linux_net.management_interface(addrs, connection_addresses(p.get("management_address")), None)
-
-
-def persist_manager(module: Any, run) -> str | None:
-    """networkd, networkmanager or None (runtime only), from the persist option."""
-
-    choice = module.params["persist"]
-    if choice == "auto":
-        return linux_persist.detect(run, lambda b: module.get_bin_path(b) is not None)
-    return None if choice == "runtime" else choice
-
-
-def write_files(module: Any, run, files, changes: list[dict[str, Any]]) -> None:
-    """Write changed persistence files (not in check mode) and let networkd reload them."""
-    if changes and not module.check_mode:
-        files.apply()
-        apply(module, run, [["networkctl", "reload"]])

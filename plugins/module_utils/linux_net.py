@@ -82,8 +82,13 @@ def management_interface(addrs: list[dict[str, Any]], candidates: list[str], ove
 
 
 def refuse_if_management(mgmt: str | None, bridge: str, by_name: dict[str, dict[str, Any]]) -> str | None:
+    """Why the bridge must not be touched, or None. Fails closed: an unknown management interface
+    is a refusal, never a licence."""
     if not mgmt:
-        return None
+        return (
+            f"the management interface is not known, so taking {bridge} apart could cut the connection this "
+            "play runs over; set meshkit_management_interface for this host. Nothing was changed"
+        )
     if mgmt == bridge:
         return f"the management connection runs over {bridge} itself ({mgmt}); refusing to change {bridge}"
     if by_name.get(mgmt, {}).get("master") == bridge:

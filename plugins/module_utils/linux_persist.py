@@ -176,3 +176,29 @@ def nm_address_commands(run: Run, ports: list[dict[str, Any]], mtu: int | None) 
         if diff:
             commands.append(["nmcli", "connection", "modify", name, *diff])
     return commands
+
+
+# ---- used by the modules that persist (bridge_detach, peer_link) ---------------------------------
+# Options of the modules that persist Linux configuration.
+PERSIST_ARGS: dict[str, dict[str, Any]] = {
+    "persist": {"type": "str", "default": "auto", "choices": ["auto", "networkd", "networkmanager", "runtime"]},
+    "networkd_dir": {"type": "path", "default": NETWORKD_DIR},
+}
+
+
+def module_manager(module: Any, run: Run) -> str | None:
+    """networkd, networkmanager or None (runtime only), from the module's persist option."""
+    choice = module.params["persist"]
+    if choice == "auto":
+        return detect(run, lambda b: module.get_bin_path(b) is not None)
+    return None if choice == "runtime" else choice
+
+
+def module_write(module: Any, run: Run, files: FileSet, changes: list[dict[str, Any]]) -> None:
+    """Write changed persistence files (not in check mode) and let networkd reload them."""
+    if not changes or module.check_mode:
+        return
+    files.apply()
+    rc, _out, err = run(["networkctl", "reload"])
+    if rc != 0:
+        module.fail_json(msg=f"networkctl reload failed (rc={rc}): {err.strip()}", files=[c["path"] for c in changes])

@@ -153,8 +153,16 @@ def management_interface(run: Run, candidates: list[str]) -> str | None:
 
 
 def plan_bridge(state: dict[str, Any], bridge: str, service: str, mgmt: str | None) -> dict[str, Any]:
+    """Commands that empty the bridge and disable its service. Fails closed: with no management
+    interface known, nothing is planned and the result says why."""
     result: dict[str, Any] = {"commands": [], "members": state["members"], "detach": [], "kept": [], "refused": None}
-    if mgmt and (mgmt == bridge or mgmt in state["members"]):
+    if not mgmt:
+        result["refused"] = (
+            f"the management interface is not known, so taking {bridge} apart could cut the connection this "
+            "play runs over; set meshkit_management_interface for this host. Nothing was changed"
+        )
+        return result
+    if mgmt == bridge or mgmt in state["members"]:
         result["refused"] = (
             f"the management connection runs over {mgmt}, which is {bridge} or one of its members; "
             f"taking {bridge} apart would cut it. Nothing was changed"

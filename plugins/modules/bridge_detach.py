@@ -98,12 +98,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
     MANAGEMENT_ARGS,
-    PERSIST_ARGS,
     apply,
     find_management_interface,
-    persist_manager,
     runner,
-    write_files,
 )
 
 
@@ -114,7 +111,7 @@ def main() -> None:
             "peer_ports": {"type": "list", "elements": "str", "default": []},
             "service": {"type": "str", "default": "Thunderbolt Bridge"},
             **MANAGEMENT_ARGS,
-            **PERSIST_ARGS,
+            **linux_persist.PERSIST_ARGS,
         },
         supports_check_mode=True,
     )
@@ -131,7 +128,7 @@ def main() -> None:
             all_links = linux_net.links(run)
             mgmt = find_management_interface(module, run, darwin=False)
             plan = linux_net.plan_bridge(all_links, p["bridge"], p["peer_ports"], mgmt)
-            manager = persist_manager(module, run)
+            manager = linux_persist.module_manager(module, run)
             persistence = linux_persist.describe(manager)
             # Every peer port, detached now or in an earlier run, stays out of the bridge at boot.
             ports = sorted(
@@ -175,7 +172,7 @@ def main() -> None:
             after += f"+++ {c['path']}\n{c['after']}"
         result["diff"] = {"before": before, "after": after}
     apply(module, run, plan["commands"])
-    write_files(module, run, files, file_changes)
+    linux_persist.module_write(module, run, files, file_changes)
     module.exit_json(**result)
 
 

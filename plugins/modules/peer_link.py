@@ -94,12 +94,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
     MANAGEMENT_ARGS,
-    PERSIST_ARGS,
     apply,
     find_management_interface,
-    persist_manager,
     runner,
-    write_files,
 )
 
 
@@ -111,7 +108,7 @@ def main() -> None:
             "peer_ports": {"type": "list", "elements": "str", "default": []},
             "mtu": {"type": "int"},
             **MANAGEMENT_ARGS,
-            **PERSIST_ARGS,
+            **linux_persist.PERSIST_ARGS,
         },
         supports_check_mode=True,
     )
@@ -140,7 +137,7 @@ def main() -> None:
                 mgmt,
                 linux_net.routes_by_device(run),
             )
-            manager = persist_manager(module, run)
+            manager = linux_persist.module_manager(module, run)
             persistence = linux_persist.describe(manager)
             if manager == "networkd":
                 for port in p["ports"]:
@@ -166,7 +163,7 @@ def main() -> None:
         after += "".join(f"+++ {c['path']}\n{c['after']}" for c in file_changes)
         result["diff"] = {"before": before, "after": after}
     apply(module, run, commands)
-    write_files(module, run, files, file_changes)
+    linux_persist.module_write(module, run, files, file_changes)
     module.exit_json(**result)
 
 
