@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import plistlib
 import uuid
 from pathlib import Path
 
@@ -95,7 +96,17 @@ def fake(index: int, calls: list[list[str]]):
     return run
 
 
-def converge_commands() -> tuple[dict, dict[str, list[list[str]]]]:
+def studio_preferences(tmp_path: Path) -> str:
+    """The saved Thunderbolt Bridge of a Studio: every Thunderbolt port (en2..en7) a member (hand-written in
+    the layout of tests/fixtures/macos/synthetic/preferences_bridge0_en1_en6_en2.plist)."""
+    path = tmp_path / "preferences.plist"
+    members = [f"en{n}" for n in range(2, 8)]
+    bridge = {"Interfaces": members, "SCNetworkInterfaceType": "Bridge", "UserDefinedName": "Thunderbolt Bridge"}
+    path.write_bytes(plistlib.dumps({"VirtualNetworkInterfaces": {"Bridge": {"bridge0": bridge}}}))
+    return str(path)
+
+
+def converge_commands(preferences: str) -> tuple[dict, dict[str, list[list[str]]]]:
     observations = []
     for i, mac in enumerate(MACS):
         for port in macos.discover(fake(i, [])):
@@ -106,28 +117,41 @@ def converge_commands() -> tuple[dict, dict[str, list[list[str]]]]:
     commands = {}
     for i, mac in enumerate(MACS):
         run = fake(i, [])
-        state = macos.read_bridge_state(run, "bridge0", "Thunderbolt Bridge")
+        state = macos.read_bridge_state(run, "bridge0", "Thunderbolt Bridge", preferences)
         bridge = macos.plan_bridge(state, "bridge0", "Thunderbolt Bridge", "en0")
-        commands[mac] = bridge["commands"] + macos.plan_peer_links(run, plan["per_host"][mac], None)
+        links = macos.plan_peer_links(run, plan["per_host"][mac], None, "en0")
+        assert bridge["refused"] is None and links["refused"] is None
+        commands[mac] = bridge["commands"] + links["commands"]
     return plan, commands
+
+
+HARDWARE_PORT = {"en2": "Thunderbolt 1", "en3": "Thunderbolt 2"}  # the Studio's networksetup capture
 
 
 def peer_cmds(port: str, address: str, peer: str) -> list[list[str]]:
     service = f"meshkit {port}"
     return [
-        ["networksetup", "-createnetworkservice", service, port],
-        ["networksetup", "-setmanual", service, address, "255.255.255.252"],
+        ["networksetup", "-createnetworkservice", service, HARDWARE_PORT[port]],
+        ["networksetup", "-setmanual", service, address, "255.255.255.252", ""],
         ["route", "-n", "add", "-host", peer, "-interface", port],
     ]
 
 
 BRIDGE = [["ifconfig", "bridge0", "deletem", f"en{n}"] for n in range(2, 8)] + [
-    ["networksetup", "-setnetworkserviceenabled", "Thunderbolt Bridge", "off"]
+    ["networksetup", "-setnetworkserviceenabled", "Thunderbolt Bridge", "off"],
+    [
+        "/usr/libexec/PlistBuddy",
+        "-c",
+        "Delete :VirtualNetworkInterfaces:Bridge:bridge0:Interfaces",
+        "-c",
+        "Add :VirtualNetworkInterfaces:Bridge:bridge0:Interfaces array",
+        "/Library/Preferences/SystemConfiguration/preferences.plist",
+    ],
 ]
 
 
-def test_four_mac_ring_plan():
-    plan, _ = converge_commands()
+def test_four_mac_ring_plan(tmp_path):
+    plan, _ = converge_commands(studio_preferences(tmp_path))
     assert plan["ring"] == MACS
     assert plan["backend"] == "ring"
     assert [sorted((e["host"], e["port"]) for e in c["ends"]) for c in plan["cables"]] == [
@@ -140,8 +164,8 @@ def test_four_mac_ring_plan():
     assert {e["rdma"] for c in plan["cables"] for e in c["ends"] if e["host"] == "mac1"} == {"rdma_en2", "rdma_en3"}
 
 
-def test_four_mac_ring_exact_commands_per_mac():
-    _, commands = converge_commands()
+def test_four_mac_ring_exact_commands_per_mac(tmp_path):
+    _, commands = converge_commands(studio_preferences(tmp_path))
     for mac, cmds in commands.items():
         print(f"\n{mac}:")
         for c in cmds:
