@@ -4,10 +4,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
+from ansible_collections.meshkit.cluster.plugins.module_utils import management
 
 
 def runner(module: Any):
@@ -18,21 +17,6 @@ def runner(module: Any):
         return rc, out, err
 
     return run
-
-
-def connection_addresses(extra: str | None, controller: bool = False) -> list[str]:
-    """Addresses that identify the management connection: sshd's side of SSH_CONNECTION first
-    (the controller's side too, first, when ``controller``: macOS finds the interface by the
-    route to the controller), then ``extra`` (the inventory's ansible_host)."""
-    out = []
-    ssh = os.environ.get("SSH_CONNECTION", "").split()
-    if len(ssh) == 4:
-        if controller:
-            out.append(ssh[0])
-        out.append(ssh[2])
-    if extra:
-        out.append(extra)
-    return out
 
 
 def apply(module: Any, run, commands: list[list[str]]) -> list[dict[str, Any]]:
@@ -52,16 +36,29 @@ def apply(module: Any, run, commands: list[list[str]]) -> list[dict[str, Any]]:
 MANAGEMENT_ARGS: dict[str, dict[str, Any]] = {
     "management_address": {"type": "str"},
     "management_interface": {"type": "str"},
+    "controller_addresses": {"type": "list", "elements": "str", "default": []},
 }
 
 
-def find_management_interface(module: Any, run, darwin: bool, addrs: list[dict[str, Any]] | None = None) -> str | None:
-    """The interface carrying the connection this play runs over (the override wins)."""
-
+def find_management_interface(module: Any, run, darwin: bool) -> str:
+    """The interface carrying the connection this play runs over: the module's
+    ``management_interface`` when given (setup.yml passes what ``meshkit.cluster.management``
+    established), else established here the same way. Fails the module when it cannot be (fail
+    closed: an unknown management interface never lets a change through)."""
     p = module.params
-    if p.get("management_interface"):
-        return p["management_interface"]
     if darwin:
-        return macos.management_interface(run, connection_addresses(p.get("management_address"), controller=True))
-    addrs = linux_net.addresses(run) if addrs is None else addrs
-    return linux_net.management_interface(addrs, connection_addresses(p.get("management_address")), None)
+        net = management.darwin_hostnet(run)
+        route = lambda a: management.darwin_route_interface(run, a)  # noqa: E731
+    else:
+        net = management.linux_hostnet(run)
+        route = lambda a: management.linux_route_interface(run, a)  # noqa: E731
+    found = []
+    if not p.get("management_interface"):
+        found = management.findings(
+            p.get("management_address"), p.get("controller_addresses") or [], net, route, management.system_resolve
+        )
+    try:
+        return management.decide(p.get("management_address") or "this host", p.get("management_interface"), found, net)
+    except management.ManagementError as exc:
+        module.fail_json(msg=str(exc), findings=[f.as_dict() for f in found])
+        raise  # not reached: fail_json exits

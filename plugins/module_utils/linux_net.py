@@ -61,26 +61,6 @@ def matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def management_interface(addrs: list[dict[str, Any]], candidates: list[str], override: str | None) -> str | None:
-    """The interface holding the address the controller reaches this host on."""
-    if override:
-        return override
-    wanted = set()
-    for c in candidates:
-        try:
-            wanted.add(ipaddress.ip_address(c.split("%")[0]))
-        except ValueError:
-            continue
-    for link in addrs:
-        for a in link.get("addr_info", []):
-            try:
-                if ipaddress.ip_address(a["local"]) in wanted:
-                    return link["ifname"]
-            except (KeyError, ValueError):
-                continue
-    return None
-
-
 def refuse_if_management(mgmt: str | None, bridge: str, by_name: dict[str, dict[str, Any]]) -> str | None:
     """Why the bridge must not be touched, or None. Fails closed: an unknown management interface
     is a refusal, never a licence."""

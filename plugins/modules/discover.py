@@ -41,6 +41,13 @@ options:
   management_interface:
     description: Override the detected management interface.
     type: str
+  controller_addresses:
+    description:
+      - The controller's addresses as the host sees them; the route back to them names the management interface
+        when O(management_interface) is not given (the C(meshkit.cluster.management) action finds them).
+    type: list
+    elements: str
+    default: []
   probe_seconds:
     description: How long each port's probe may take.
     type: int

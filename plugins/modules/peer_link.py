@@ -49,6 +49,13 @@ options:
   management_interface:
     description: Override the detected management interface.
     type: str
+  controller_addresses:
+    description:
+      - The controller's addresses as the host sees them; the route back to them names the management interface
+        when O(management_interface) is not given (the C(meshkit.cluster.management) action finds them).
+    type: list
+    elements: str
+    default: []
   persist:
     description:
       - Linux - V(auto) persists through systemd-networkd when it runs (a drop-in
@@ -126,7 +133,7 @@ def main() -> None:
         else:
             all_links = linux_net.links(run)
             addrs = linux_net.addresses(run)
-            mgmt = find_management_interface(module, run, darwin=False, addrs=addrs)
+            mgmt = find_management_interface(module, run, darwin=False)
             commands, notes = linux_net.plan_peer_links(
                 all_links,
                 addrs,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
+import subprocess
 import time
 from collections import Counter
 
-from .conftest import ip_json, run_playbook, sh
+from .conftest import ENV, RECAP, REPO, ip_json, ping_hosts, run_playbook, sh
 
 POOL = ipaddress.IPv4Network("198.18.128.0/17")
 
@@ -227,3 +229,50 @@ def test_bad_inventory_is_refused_before_any_host_is_touched(make_lab, tmp_path)
         assert "node1, node2: " + message in run.output, run.output
         assert "nothing was changed on any host" in run.output
     assert snapshot(lab) == before
+
+
+def test_a_host_lost_during_setup_stops_every_host_and_a_rerun_converges(make_lab, tmp_path):
+    """node2's management link goes down once its peer ports are out of the bridge: every host
+    stops, the failure names node2 and the step it was in, and once node2 is back a re-run
+    converges with nothing lost."""
+    lab = make_lab(lab_size=3, lab_shape="ring")
+    assert lab.up().rc == 0
+    ns = netns_of(lab)
+    cmd = ["ansible-playbook", "setup.yml", "-i", str(lab.inventory), "-e", f"meshkit_artifacts_dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
+    try:
+        # The bridge step has run on node2 when its peer ports are no longer in bridge0.
+        deadline = time.monotonic() + 120
+        while ip_json("-n", ns["node2"], "link", "show", "master", "bridge0") and proc.poll() is None:
+            assert time.monotonic() < deadline, "node2's ports never left bridge0"
+            time.sleep(0.05)
+        sh("ip", "-n", ns["node2"], "link", "set", "mgmt0", "down")
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sh("ip", "-n", ns["node2"], "link", "set", "mgmt0", "up")
+    assert proc.returncode != 0, output
+    recap = {m.group(1): int(m.group(4)) for m in RECAP.finditer(output)}
+    assert recap.get("node2") == 1, output  # unreachable=1
+    # The failure names the host and the step: the task header right before node2's UNREACHABLE.
+    lost = re.search(r"TASK \[([^\]]+)\][^\n]*\n(?:(?!TASK \[).*\n)*?fatal: \[node2\]: UNREACHABLE!", output)
+    assert lost, output
+    step = lost.group(1)
+    # Every host stopped at that step: no task after it ran anywhere.
+    after = output[lost.end() :]
+    assert "TASK [" not in after.split("PLAY RECAP")[0], output
+    # The other hosts finished what they started (the bridge step) and were left alone after it:
+    # their peer ports are out of the bridge, and no pool address reached any host yet unless the
+    # step that failed was the address step itself.
+    for name in ("node1", "node3"):
+        assert ip_json("-n", ns[name], "link", "show", "master", "bridge0") == [], name
+    print(f"\nnode2 lost during: {step}")
+
+    # node2 is back: a re-run converges everything, every cable addressed and pinging.
+    deadline = time.monotonic() + 60
+    while ping_hosts(lab).get("node2") != "SUCCESS":
+        assert time.monotonic() < deadline, "node2 did not come back"
+    again = setup(lab, tmp_path)
+    assert again.rc == 0, again.output
+    check_converged(lab, tmp_path)

@@ -57,34 +57,6 @@ def cluster_links(*, bridge_up=True):
     ]
 
 
-# ---- management_interface ------------------------------------------------------------------
-ADDRS = [
-    addr("lo", "127.0.0.1/8", "::1/128"),
-    addr("eth0", "192.0.2.10/24", "fe80::1/64"),
-    addr("thunderbolt0", "198.18.128.1/30"),
-]
-
-
-def test_management_interface_is_the_one_holding_the_address():
-    assert linux_net.management_interface(ADDRS, ["192.0.2.10"], None) == "eth0"
-
-
-def test_management_interface_override_wins():
-    assert linux_net.management_interface(ADDRS, ["192.0.2.10"], "thunderbolt1") == "thunderbolt1"
-
-
-def test_management_interface_skips_hostnames_and_takes_scoped_ipv6():
-    assert linux_net.management_interface(ADDRS, ["node1.example", "fe80::1%eth0"], None) == "eth0"
-
-
-def test_management_interface_unknown_is_none():
-    assert linux_net.management_interface(ADDRS, ["203.0.113.5"], None) is None
-    assert linux_net.management_interface(ADDRS, [], None) is None
-    assert (
-        linux_net.management_interface([{"ifname": "x"}, {"ifname": "y", "addr_info": [{}]}], ["1.2.3.4"], None) is None
-    )
-
-
 # ---- plan_bridge -------------------------------------------------------------------------
 def test_plan_bridge_detaches_every_member_and_brings_the_bridge_down():
     plan = linux_net.plan_bridge(cluster_links(), "bridge0", [], "eth0")

@@ -35,6 +35,7 @@ def recorded(state: str) -> dict[tuple[str, ...], tuple[int, str, str]]:
         ("ip", "-j", "-d", "link", "show"): read("link"),
         ("ip", "-j", "addr", "show"): read("addr"),
         ("ip", "-j", "-4", "route", "show", "table", "main"): read("route"),
+        ("ip", "-j", "-4", "route", "show", "table", "all"): read("route_all"),
     }
 
 

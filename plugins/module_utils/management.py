@@ -1,0 +1,383 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Which interface carries the management connection, from facts that do not depend on the
+login environment; and whether the cable address pool collides with anything a host has.
+
+meshkit never reconfigures the interface the controller reaches a host through. Before the first
+change on a host that interface must be known, or nothing changes (fail closed). The answer comes
+from what the host itself says, each piece recorded as a ``Finding``:
+
+- the inventory's ``meshkit_management_interface``, which wins (it must exist on the host);
+- ``ansible_host`` resolved on the host itself (``getaddrinfo``), then the interface holding one of
+  the addresses it resolves to; loopback answers (Debian maps a host's own name to 127.0.1.1) tell
+  nothing;
+- the controller's address as the host sees it (the controller's source address toward the host,
+  sent by the ``meshkit.cluster.management`` action), then the interface of the host's route back
+  to it: ``ip route get`` on Linux, ``route -n get`` on macOS;
+- sshd's ``SSH_CONNECTION``, when the login environment still has it (it does not under ``become``:
+  sudo's ``env_reset`` drops it), for both of the above.
+
+With no override, every answer found must name the same interface; none at all, or two that
+disagree, is a refusal naming the host, what was tried and the variable to set.
+
+Plain Python: commands through ``run(argv) -> (rc, out, err)``, name resolution through
+``resolve(name) -> [(address, scope interface or None)]``, so unit tests drive both.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import json
+import os
+import re
+import socket
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Run = Callable[[list[str]], tuple[int, str, str]]
+Resolve = Callable[[str], list[tuple[str, str | None]]]
+VARIABLE = "meshkit_management_interface"
+
+
+class ManagementError(RuntimeError):
+    """The management interface cannot be established, or the address pool is unsafe."""
+
+
+@dataclass
+class Finding:
+    """One attempt at naming the management interface: what was asked and what it gave."""
+
+    source: str  # what was tried, in words: "ansible_host 'studio1.local' resolved on the host"
+    detail: str  # what came of it: "198.18.0.2 on eth0", "127.0.1.1 only (loopback): tells nothing"
+    interface: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "detail": self.detail, "interface": self.interface}
+
+
+@dataclass
+class HostNet:
+    """What one host has: interfaces with their addresses, and its IPv4 routes."""
+
+    addresses: dict[str, list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]] = field(default_factory=dict)
+    # (destination network, interface, text for messages)
+    routes: list[tuple[ipaddress.IPv4Network, str, str]] = field(default_factory=list)
+    bridge_members: dict[str, list[str]] = field(default_factory=dict)
+
+    def interface_of(self, address: str) -> str | None:
+        ip = ipaddress.ip_address(address)
+        for name, addrs in self.addresses.items():
+            if any(a.ip == ip for a in addrs):
+                return name
+        return None
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def _split_scope(address: str) -> tuple[str, str | None]:
+    base, _, scope = address.partition("%")
+    return base, scope or None
+
+
+def system_resolve(name: str) -> list[tuple[str, str | None]]:
+    """Addresses ``name`` resolves to on this host, with the interface of a scoped IPv6 one."""
+    out: list[tuple[str, str | None]] = []
+    for family, _type, _proto, _canon, sockaddr in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP):
+        address, scope = sockaddr[0], None
+        if family == socket.AF_INET6 and len(sockaddr) >= 4 and sockaddr[3]:
+            try:
+                scope = socket.if_indextoname(sockaddr[3])
+            except OSError:
+                scope = None
+        address = _split_scope(address)[0]
+        if (address, scope) not in out:
+            out.append((address, scope))
+    return out
+
+
+def ssh_connection(environ: dict[str, str] | None = None) -> tuple[str | None, str | None]:
+    """(controller address, this host's address) of the SSH session, when the environment has it."""
+    parts = (environ if environ is not None else os.environ).get("SSH_CONNECTION", "").split()
+    if len(parts) != 4:
+        return None, None
+    return _split_scope(parts[0])[0], _split_scope(parts[2])[0]
+
+
+# ---- what a Linux host has ---------------------------------------------------------------------
+def _json(run: Run, argv: list[str]) -> Any:
+    rc, out, err = run(argv)
+    if rc != 0:
+        raise ManagementError(f"{' '.join(argv)} failed (rc={rc}): {err.strip()}")
+    return json.loads(out) if out.strip() else []
+
+
+def linux_hostnet(run: Run) -> HostNet:
+    net = HostNet()
+    for link in _json(run, ["ip", "-j", "addr", "show"]):
+        addrs = net.addresses.setdefault(link["ifname"], [])
+        for a in link.get("addr_info", []):
+            try:
+                addrs.append(ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}"))
+            except (KeyError, ValueError):
+                continue
+        if link.get("master"):
+            net.bridge_members.setdefault(link["master"], []).append(link["ifname"])
+    for r in _json(run, ["ip", "-j", "-4", "route", "show", "table", "all"]):
+        dst = r.get("dst", "")
+        if dst in ("", "default") or r.get("type") in ("broadcast", "multicast"):
+            continue
+        try:
+            network = ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False)
+        except ValueError:
+            continue
+        table = f" table {r['table']}" if r.get("table") not in (None, "main") else ""
+        kind = f"{r['type']} " if r.get("type") not in (None, "unicast") else ""
+        net.routes.append((network, r.get("dev", ""), f"{kind}{dst} dev {r.get('dev', '?')}{table}"))
+    return net
+
+
+def linux_route_interface(run: Run, address: str) -> tuple[str | None, str]:
+    """The interface of this host's route to ``address`` (None for one of its own addresses)."""
+    rc, out, err = run(["ip", "-j", "route", "get", address])
+    if rc != 0:
+        return None, f"no route ({err.strip() or f'rc={rc}'})"
+    routes = json.loads(out) if out.strip() else []
+    if not routes:
+        return None, "no route"
+    route = routes[0]
+    dev = route.get("dev")
+    if route.get("type") == "local" or dev == "lo":
+        return None, "it is this host's own address: tells nothing"
+    via = f" via {route['gateway']}" if route.get("gateway") else ""
+    return dev, f"leaves through {dev}{via}"
+
+
+# ---- what a Mac has ----------------------------------------------------------------------------
+def parse_ifconfig(text: str) -> HostNet:
+    """``ifconfig`` (macOS) -> addresses per interface and bridge members."""
+    net = HostNet()
+    name = None
+    for line in text.splitlines():
+        head = re.match(r"^([A-Za-z0-9.]+): flags=", line)
+        if head:
+            name = head.group(1)
+            net.addresses.setdefault(name, [])
+            continue
+        if name is None:
+            continue
+        inet = re.match(r"^\s+inet (\d+\.\d+\.\d+\.\d+)(?: --> \S+)? netmask (0x[0-9a-fA-F]+)", line)
+        if inet:
+            prefix = bin(int(inet.group(2), 16)).count("1")
+            net.addresses[name].append(ipaddress.IPv4Interface(f"{inet.group(1)}/{prefix}"))
+            continue
+        inet6 = re.match(r"^\s+inet6 ([0-9a-fA-F:]+)(?:%\S+)? prefixlen (\d+)", line)
+        if inet6:
+            net.addresses[name].append(ipaddress.IPv6Interface(f"{inet6.group(1)}/{inet6.group(2)}"))
+            continue
+        member = re.match(r"^\s+member: (\S+)", line)
+        if member:
+            net.bridge_members.setdefault(name, []).append(member.group(1))
+    return net
+
+
+def _bsd_network(dest: str, flags: str) -> ipaddress.IPv4Network | None:
+    """A destination of BSD ``netstat -rn`` as a network: ``192.168.0`` is /24, ``169.254`` /16,
+    ``127`` /8 (the octets given), ``10/16`` and ``224.0.0/4`` carry their prefix, a host entry (H)
+    is /32."""
+    if dest == "default":
+        return None
+    base, _, prefix = dest.partition("/")
+    octets = base.split(".")
+    if not all(o.isdigit() for o in octets) or len(octets) > 4:
+        return None  # a name (netstat without -n) or a link-layer entry
+    address = ".".join(octets + ["0"] * (4 - len(octets)))
+    if prefix:
+        bits = int(prefix)
+    elif "H" in flags or len(octets) == 4:
+        bits = 32
+    else:
+        bits = 8 * len(octets)
+    try:
+        return ipaddress.IPv4Network(f"{address}/{bits}", strict=False)
+    except ValueError:
+        return None
+
+
+def parse_netstat_routes(text: str) -> list[tuple[ipaddress.IPv4Network, str, str]]:
+    """The Internet (IPv4) part of ``netstat -rn -f inet`` (macOS) -> (network, interface, line)."""
+    routes = []
+    section = None
+    netif_col = None
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if line.endswith(":") and not line.startswith(" "):
+            section = line[:-1]
+            continue
+        if section != "Internet" or not line.strip():
+            continue
+        cols = line.split()
+        if cols[0] == "Destination":
+            netif_col = cols.index("Netif")
+            continue
+        if netif_col is None or len(cols) <= netif_col:
+            continue
+        # Newer macOS prints no Refs and Use columns; the header says where Netif is.
+        network = _bsd_network(cols[0], cols[2])
+        if network is not None:
+            routes.append((network, cols[netif_col], " ".join(cols[: netif_col + 1])))
+    return routes
+
+
+def darwin_hostnet(run: Run) -> HostNet:
+    rc, out, err = run(["ifconfig"])
+    if rc != 0:
+        raise ManagementError(f"ifconfig failed (rc={rc}): {err.strip()}")
+    net = parse_ifconfig(out)
+    rc, out, err = run(["netstat", "-rn", "-f", "inet"])
+    if rc != 0:
+        raise ManagementError(f"netstat -rn -f inet failed (rc={rc}): {err.strip()}")
+    net.routes = parse_netstat_routes(out)
+    return net
+
+
+def darwin_route_interface(run: Run, address: str) -> tuple[str | None, str]:
+    family = ["-inet6"] if ipaddress.ip_address(address).version == 6 else []
+    rc, out, err = run(["route", "-n", "get", *family, address])
+    match = re.search(r"^\s*interface:\s*(\S+)", out, re.M) if rc == 0 else None
+    if not match:
+        return None, f"no route ({(err or out).strip() or f'rc={rc}'})"
+    dev = match.group(1)
+    if dev.startswith("lo"):
+        return None, "it is this host's own address: tells nothing"
+    gateway = re.search(r"^\s*gateway:\s*(\S+)", out, re.M)
+    return dev, f"leaves through {dev}" + (f" via {gateway.group(1)}" if gateway else "")
+
+
+# ---- the decision ------------------------------------------------------------------------------
+def findings(
+    target: str | None,
+    controllers: Iterable[str],
+    net: HostNet,
+    route_interface: Callable[[str], tuple[str | None, str]],
+    resolve: Resolve,
+    environ: dict[str, str] | None = None,
+) -> list[Finding]:
+    """Every answer the host gives: ``target`` (ansible_host) resolved here, the route back to each
+    controller address, and SSH_CONNECTION's two addresses when present."""
+    out: list[Finding] = []
+    if target:
+        source = f"ansible_host {target!r} resolved on the host"
+        try:
+            resolved = resolve(target)
+        except (OSError, UnicodeError) as exc:
+            out.append(Finding(source, f"does not resolve here ({exc})"))
+            resolved = []
+        else:
+            if not resolved:
+                out.append(Finding(source, "resolves to nothing"))
+        usable = [(a, s) for a, s in resolved if not _is_loopback(a)]
+        if resolved and not usable:
+            shown = ", ".join(a for a, _ in resolved)
+            out.append(Finding(source, f"{shown} only (loopback: this host maps the name to itself): tells nothing"))
+        for address, scope in usable:
+            iface = scope or net.interface_of(address)
+            detail = f"{address} on {iface}" if iface else f"{address}, which no interface of this host holds"
+            out.append(Finding(source, detail, iface))
+    ssh_controller, ssh_local = ssh_connection(environ)
+    seen: set[str] = set()
+    for given in [*controllers, *([ssh_controller] if ssh_controller else [])]:
+        address = _split_scope(given)[0]
+        if address in seen:
+            continue
+        seen.add(address)
+        label = "SSH_CONNECTION's client" if address == ssh_controller else "the controller"
+        iface, detail = route_interface(address)
+        out.append(Finding(f"route to {label} {address}", detail, iface))
+    if ssh_local:
+        iface = net.interface_of(ssh_local)
+        detail = f"{ssh_local} on {iface}" if iface else f"{ssh_local}, which no interface of this host holds"
+        out.append(Finding("SSH_CONNECTION's server address", detail, iface))
+    return out
+
+
+def decide(host: str, override: str | None, found: list[Finding], net: HostNet) -> str:
+    """The management interface, or ManagementError saying what was tried and what to set."""
+    tried = "; ".join(f"{f.source}: {f.detail}" for f in found) or "nothing to go on"
+    if override:
+        if override not in net.addresses:
+            have = ", ".join(sorted(net.addresses)) or "none"
+            raise ManagementError(
+                f"{host}: {VARIABLE} = {override!r}, but this host has no such interface (it has: {have}). "
+                f"Fix {VARIABLE} for this host; nothing was changed on any host"
+            )
+        return override
+    named = sorted({f.interface for f in found if f.interface})
+    if not named:
+        raise ManagementError(
+            f"{host}: cannot tell which interface carries the management connection, so meshkit changes "
+            f"nothing on any host. Tried: {tried}. Set {VARIABLE} for this host in the inventory "
+            "(the interface its ansible_host address is on)"
+        )
+    if len(named) > 1:
+        raise ManagementError(
+            f"{host}: the management connection looks like it runs over more than one interface "
+            f"({', '.join(named)}), so meshkit changes nothing on any host. Tried: {tried}. Set {VARIABLE} "
+            "for this host in the inventory to the one SSH arrives on"
+        )
+    return named[0]
+
+
+def matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def pool_conflicts(
+    pool: str,
+    net: HostNet,
+    peer_ports: list[str],
+    mgmt: str | None,
+    others: dict[str, Iterable[str]] | None = None,
+) -> list[str]:
+    """What on this host overlaps the cable address pool: addresses and routes on any interface that
+    is not a peer port (peer ports carry meshkit's own pool addresses and /32 routes; the management
+    interface never counts as one), default routes excepted; and any of ``others`` ({what: addresses},
+    e.g. the controller's address and ansible_host) inside the pool."""
+    network = ipaddress.IPv4Network(pool)
+    conflicts: list[str] = []
+
+    def ours(iface: str) -> bool:
+        return iface != mgmt and bool(peer_ports) and matches(iface, peer_ports)
+
+    for iface, addrs in sorted(net.addresses.items()):
+        if ours(iface):
+            continue
+        for a in addrs:
+            if a.version == 4 and a.network.overlaps(network):
+                conflicts.append(f"address {a} on {iface}")
+    for dst, iface, text in net.routes:
+        if ours(iface) or dst.prefixlen == 0:
+            continue
+        if dst.overlaps(network):
+            conflicts.append(f"route {text}")
+    for what, addresses in (others or {}).items():
+        for address in addresses:
+            try:
+                ip = ipaddress.ip_address(_split_scope(address)[0])
+            except ValueError:
+                continue
+            if ip.version == 4 and ip in network:
+                conflicts.append(f"{what} {ip}")
+    return sorted(set(conflicts))
+
+
+def refuse_pool(host: str, pool: str, conflicts: list[str]) -> str:
+    return (
+        f"{host}: the cable address pool meshkit_address_pool = {pool!r} overlaps what this host already has: "
+        f"{'; '.join(conflicts)}. A cable's /32 route could shadow it (and cut the management connection). "
+        "Pick a pool that overlaps no address or route on any host (the default 198.18.128.0/17 is reserved "
+        "for benchmarking networks); nothing was changed on any host"
+    )
