@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import platform
+import plistlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
+from ansible_collections.meshkit.cluster.plugins.module_utils import macos
 from ansible_collections.meshkit.cluster.plugins.modules import bridge_detach, discover, peer_link
 
 from .module_harness import Exit as ExitJson
@@ -24,8 +26,13 @@ from .module_harness import patch_exits
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 SYNTHETIC = FIXTURES / "synthetic"
 
-MGMT = "192.168.1.20"  # reached over en0 (synthetic route_get_192.168.1.20_en0.txt)
-MGMT_ON_EN1 = "169.254.10.20"  # reached over en1, a Thunderbolt port (route_get_169.254.10.20_en1.txt)
+# The Mac these tests run against: the real `ifconfig -a` and `networksetup -listallhardwareports` of one
+# 16" MacBook Pro (Apple silicon, macOS 14.4): Wi-Fi en0 holds 192.168.2.46/24, Thunderbolt 1/2/3 are
+# en1/en2/en3, all three members of bridge0. `netstat -rn -f inet` is a real capture of another Mac (a
+# macOS 26 VM); only the management-interface check reads it.
+IFCONFIG = (FIXTURES / "ifconfig_a_macbookpro16_apple_silicon_sonoma14.4_bridge0_3_tb_members.txt").read_text()
+HARDWARE = (FIXTURES / "networksetup_listallhardwareports_macbookpro16_apple_silicon_sonoma14.4.txt").read_text()
+MGMT = "192.168.2.46"  # en0's address in IFCONFIG
 POOL = "198.18.128.0/17"
 PEER_UUID = "00000003-0000-4000-8000-000000000003"
 
@@ -49,23 +56,24 @@ READ_ONLY_NETWORKSETUP = (
 
 def read_only(argv: list[str]) -> bool:
     if argv[0] == "ifconfig":
-        return len(argv) == 2
+        return len(argv) <= 2
     if argv[0] == "networksetup":
         return argv[1] in READ_ONLY_NETWORKSETUP
     if argv[0] == "route":
         return argv[1:3] == ["-n", "get"]
-    return argv[0] == "system_profiler"
+    return argv[0] in ("system_profiler", "netstat")
 
 
-ROUTES = {
-    ("route", "-n", "get", MGMT): synthetic("route_get_192.168.1.20_en0.txt"),
-    ("route", "-n", "get", MGMT_ON_EN1): synthetic("route_get_169.254.10.20_en1.txt"),
+HOST = {
+    ("ifconfig",): (0, IFCONFIG, ""),
+    ("netstat", "-rn", "-f", "inet"): real("netstat_rn_finet_macos26vm.txt"),
 }
+HOST_READS = [["ifconfig"], ["netstat", "-rn", "-f", "inet"]]
 
 
 class FakeMac:
     def __init__(self, answers: dict[tuple[str, ...], tuple[int, str, str]]):
-        self.answers = {**ROUTES, **answers}
+        self.answers = {**HOST, **answers}
         self.calls: list[list[str]] = []
 
     def run_command(self, _module, args, **kwargs):
@@ -88,7 +96,18 @@ class FakeMac:
 
 
 @pytest.fixture
-def mac(monkeypatch):
+def prefs(monkeypatch, tmp_path) -> Path:
+    """The Mac's saved bridge0 (every Thunderbolt port a member), where the module reads it."""
+    synthetic_prefs = plistlib.loads((SYNTHETIC / "preferences_bridge0_en1_en6_en2.plist").read_bytes())
+    synthetic_prefs["VirtualNetworkInterfaces"]["Bridge"]["bridge0"]["Interfaces"] = ["en1", "en2", "en3"]
+    path = tmp_path / "preferences.plist"
+    path.write_bytes(plistlib.dumps(synthetic_prefs))
+    monkeypatch.setattr(macos, "PREFERENCES", str(path))
+    return path
+
+
+@pytest.fixture
+def mac(monkeypatch, prefs):
     monkeypatch.delenv("SSH_CONNECTION", raising=False)
     monkeypatch.setattr(platform, "system", lambda: "Darwin")
 
@@ -110,67 +129,58 @@ def mac(monkeypatch):
 
 # ---- bridge_detach ----------------------------------------------------------------------------
 BRIDGE_WITH_MEMBERS = {
-    ("ifconfig", "bridge0"): synthetic("ifconfig_bridge0_members_en1_en6_en2.txt"),
+    ("ifconfig", "bridge0"): (0, macos.ifconfig_block(IFCONFIG, "bridge0"), ""),
     ("networksetup", "-listallnetworkservices"): real("networksetup_listallnetworkservices_rmbp_2014.txt"),
 }
-BRIDGE_READS = [
-    ["ifconfig", "bridge0"],
-    ["networksetup", "-listallnetworkservices"],
-    ["route", "-n", "get", MGMT],
+BRIDGE_READS = [["ifconfig", "bridge0"], ["networksetup", "-listallnetworkservices"], *HOST_READS]
+UNSAVE = [
+    "/usr/libexec/PlistBuddy",
+    "-c",
+    "Delete :VirtualNetworkInterfaces:Bridge:bridge0:Interfaces",
+    "-c",
+    "Add :VirtualNetworkInterfaces:Bridge:bridge0:Interfaces array",
 ]
 BRIDGE_COMMANDS = [
     ["ifconfig", "bridge0", "deletem", "en1"],
-    ["ifconfig", "bridge0", "deletem", "en6"],
     ["ifconfig", "bridge0", "deletem", "en2"],
+    ["ifconfig", "bridge0", "deletem", "en3"],
     ["networksetup", "-setnetworkserviceenabled", "Thunderbolt Bridge", "off"],
 ]
 
 
-def test_bridge_detach_removes_members_and_disables_the_service(mac):
+def test_bridge_detach_removes_members_now_and_at_boot_and_disables_the_service(mac, prefs):
     result, fake = mac(bridge_detach, {"management_address": MGMT}, BRIDGE_WITH_MEMBERS)
-    assert fake.calls == BRIDGE_READS + BRIDGE_COMMANDS
+    assert fake.calls == BRIDGE_READS + BRIDGE_COMMANDS + [[*UNSAVE, str(prefs)]]
     assert result["changed"] is True
-    assert result["commands"] == BRIDGE_COMMANDS
-    assert result["members"] == ["en1", "en6", "en2"]
-    assert result["detached"] == ["en1", "en6", "en2"]
+    assert result["commands"] == [*BRIDGE_COMMANDS, [*UNSAVE, str(prefs)]]
+    assert result["members"] == ["en1", "en2", "en3"]
+    assert result["detached"] == ["en1", "en2", "en3"]
     assert result["management_interface"] == "en0"
-    assert "stays disabled across reboots" in result["persistence"]
+    assert "saved member list" in result["persistence"] and "disabled" in result["persistence"]
+    assert result["notes"] == []
     assert result["diff"] == {
-        "before": "bridge0 members: en1, en6, en2\n",
+        "before": "bridge0 members: en1, en2, en3\n",
         "after": "bridge0 members: (none); bridge0 disabled\n",
     }
 
 
-def test_bridge_detach_check_mode_runs_no_mutating_command(mac):
+def test_bridge_detach_check_mode_runs_no_mutating_command(mac, prefs):
     result, fake = mac(bridge_detach, {"management_address": MGMT}, BRIDGE_WITH_MEMBERS, check_mode=True)
     assert fake.mutating == []
     assert fake.calls == BRIDGE_READS
     assert result["changed"] is True
-    assert result["commands"] == BRIDGE_COMMANDS
-
-
-def test_bridge_detach_management_interface_from_the_route_to_the_controller(mac, monkeypatch):
-    # SSH_CONNECTION = "controller port this-host port": macOS looks up the route to the
-    # controller (the host's own address would route through lo0).
-    monkeypatch.setenv("SSH_CONNECTION", f"192.168.1.5 50022 {MGMT} 22")
-    answers = {
-        **BRIDGE_WITH_MEMBERS,
-        ("route", "-n", "get", "192.168.1.5"): synthetic("route_get_192.168.1.20_en0.txt"),
-    }
-    result, fake = mac(bridge_detach, {}, answers, check_mode=True)
-    routes = [c for c in fake.calls if c[:3] == ["route", "-n", "get"]]
-    assert routes[0] == ["route", "-n", "get", "192.168.1.5"]
-    assert result["management_interface"] == "en0"
+    assert result["commands"][-1] == [*UNSAVE, str(prefs)]
+    assert plistlib.loads(prefs.read_bytes())["VirtualNetworkInterfaces"]["Bridge"]["bridge0"]["Interfaces"] == [
+        "en1",
+        "en2",
+        "en3",
+    ]
 
 
 def test_bridge_detach_refuses_when_management_is_a_bridge_member(mac):
-    result, fake = mac(bridge_detach, {"management_address": MGMT_ON_EN1}, BRIDGE_WITH_MEMBERS, expect=FailJson)
+    result, fake = mac(bridge_detach, {"management_interface": "en1"}, BRIDGE_WITH_MEMBERS, expect=FailJson)
     assert fake.mutating == []
-    assert fake.calls == [
-        ["ifconfig", "bridge0"],
-        ["networksetup", "-listallnetworkservices"],
-        ["route", "-n", "get", MGMT_ON_EN1],
-    ]
+    assert fake.calls == BRIDGE_READS
     assert "en1" in result["msg"]
     assert "Nothing was changed" in result["msg"]
     assert result["changed"] is False
@@ -181,14 +191,15 @@ def test_bridge_detach_refuses_when_management_is_a_bridge_member(mac):
 def test_bridge_detach_refuses_when_management_is_the_bridge(mac):
     result, fake = mac(bridge_detach, {"management_interface": "bridge0"}, BRIDGE_WITH_MEMBERS, expect=FailJson)
     assert fake.mutating == []
-    assert fake.calls == [
-        ["ifconfig", "bridge0"],
-        ["networksetup", "-listallnetworkservices"],
-    ]  # override: no route lookup
     assert "bridge0" in result["msg"]
 
 
-def test_bridge_detach_converged_changes_nothing(mac):
+def test_bridge_detach_after_a_reboot_changes_nothing(mac, prefs):
+    # What a reboot after the first run leaves: a bridge without members, the service disabled, the saved
+    # member list empty.
+    saved = plistlib.loads(prefs.read_bytes())
+    saved["VirtualNetworkInterfaces"]["Bridge"]["bridge0"]["Interfaces"] = []
+    prefs.write_bytes(plistlib.dumps(saved))
     answers = {
         ("ifconfig", "bridge0"): synthetic("ifconfig_bridge0_no_members.txt"),
         ("networksetup", "-listallnetworkservices"): synthetic(
@@ -202,14 +213,21 @@ def test_bridge_detach_converged_changes_nothing(mac):
     assert "diff" not in result
 
 
+def test_bridge_detach_says_when_the_saved_list_cannot_be_read(mac, monkeypatch, tmp_path):
+    monkeypatch.setattr(macos, "PREFERENCES", str(tmp_path / "absent.plist"))
+    result, fake = mac(bridge_detach, {"management_address": MGMT}, BRIDGE_WITH_MEMBERS)
+    assert fake.mutating == BRIDGE_COMMANDS  # the runtime part and the service, nothing written blind
+    assert "could not be read" in result["notes"][0]
+
+
 def test_bridge_detach_failing_command_stops_and_is_named(mac):
     answers = {
         **BRIDGE_WITH_MEMBERS,
-        ("ifconfig", "bridge0", "deletem", "en6"): (1, "", "ifconfig: SIOCDELM: Operation not permitted\n"),
+        ("ifconfig", "bridge0", "deletem", "en2"): (1, "", "ifconfig: SIOCDELM: Operation not permitted\n"),
     }
     result, fake = mac(bridge_detach, {"management_address": MGMT}, answers, expect=FailJson)
     assert fake.mutating == BRIDGE_COMMANDS[:2]  # nothing after the failure runs
-    assert result["msg"] == "ifconfig bridge0 deletem en6 failed (rc=1): ifconfig: SIOCDELM: Operation not permitted"
+    assert result["msg"] == "ifconfig bridge0 deletem en2 failed (rc=1): ifconfig: SIOCDELM: Operation not permitted"
 
 
 # ---- discover ---------------------------------------------------------------------------------
@@ -230,7 +248,7 @@ DISCOVER_READS = [
 @pytest.mark.parametrize("check_mode", [False, True])
 def test_discover_reports_every_thunderbolt_port(mac, check_mode):
     result, fake = mac(discover, {"management_address": MGMT}, DISCOVER_ANSWERS, check_mode=check_mode)
-    assert fake.calls == [*DISCOVER_READS, ["route", "-n", "get", MGMT]]
+    assert fake.calls == [*DISCOVER_READS, *HOST_READS]
     assert result["changed"] is False
     assert result["platform"] == "Darwin"
     assert result["management_interface"] == "en0"
@@ -246,10 +264,10 @@ def test_discover_reports_every_thunderbolt_port(mac, check_mode):
 
 
 def test_discover_leaves_out_the_management_port(mac):
-    result, fake = mac(discover, {"management_interface": "en6"}, DISCOVER_ANSWERS)
-    assert fake.calls == DISCOVER_READS
-    assert [p["port"] for p in result["ports"]] == ["en1", "en2"]
-    assert result["management_interface"] == "en6"
+    result, fake = mac(discover, {"management_interface": "en2"}, DISCOVER_ANSWERS)
+    assert fake.calls == [*DISCOVER_READS, *HOST_READS]
+    assert [p["port"] for p in result["ports"]] == ["en1", "en6"]
+    assert result["management_interface"] == "en2"
 
 
 def test_discover_failure_fails_the_module(mac):
@@ -261,36 +279,38 @@ def test_discover_failure_fails_the_module(mac):
 
 # ---- peer_link --------------------------------------------------------------------------------
 EN1 = {"port": "en1", "address": "198.18.128.1", "prefix": 30, "peer_address": "198.18.128.2", "peer_host": "mac2"}
-EN6 = {"port": "en6", "address": "198.18.128.5", "prefix": 30, "peer_address": "198.18.128.6", "peer_host": "mac3"}
+EN2 = {"port": "en2", "address": "198.18.128.5", "prefix": 30, "peer_address": "198.18.128.6", "peer_host": "mac3"}
 
 FRESH_ANSWERS = {
     ("networksetup", "-listnetworkserviceorder"): synthetic(
         "networksetup_listnetworkserviceorder_no_port_services.txt"
     ),
+    ("networksetup", "-listallhardwareports"): (0, HARDWARE, ""),
     ("networksetup", "-getMTU", "en1"): synthetic("networksetup_getmtu_1500.txt"),
-    ("networksetup", "-getMTU", "en6"): synthetic("networksetup_getmtu_1500.txt"),
+    ("networksetup", "-getMTU", "en2"): synthetic("networksetup_getmtu_1500.txt"),
     ("route", "-n", "get", "198.18.128.2"): synthetic("route_get_198.18.128.2_default_en0.txt"),
     ("route", "-n", "get", "198.18.128.6"): synthetic("route_get_198.18.128.6_default_en0.txt"),
 }
 FRESH_READS = [
-    ["route", "-n", "get", MGMT],
+    *HOST_READS,
     ["networksetup", "-listnetworkserviceorder"],
+    ["networksetup", "-listallhardwareports"],
     ["networksetup", "-getMTU", "en1"],
     ["route", "-n", "get", "198.18.128.2"],
-    ["networksetup", "-getMTU", "en6"],
+    ["networksetup", "-getMTU", "en2"],
     ["route", "-n", "get", "198.18.128.6"],
 ]
 FRESH_COMMANDS = [
-    ["networksetup", "-createnetworkservice", "meshkit en1", "en1"],
-    ["networksetup", "-setmanual", "meshkit en1", "198.18.128.1", "255.255.255.252"],
+    ["networksetup", "-createnetworkservice", "meshkit en1", "Thunderbolt 1"],
+    ["networksetup", "-setmanual", "meshkit en1", "198.18.128.1", "255.255.255.252", ""],
     ["networksetup", "-setMTU", "en1", "9000"],
     ["route", "-n", "add", "-host", "198.18.128.2", "-interface", "en1"],
-    ["networksetup", "-createnetworkservice", "meshkit en6", "en6"],
-    ["networksetup", "-setmanual", "meshkit en6", "198.18.128.5", "255.255.255.252"],
-    ["networksetup", "-setMTU", "en6", "9000"],
-    ["route", "-n", "add", "-host", "198.18.128.6", "-interface", "en6"],
+    ["networksetup", "-createnetworkservice", "meshkit en2", "Thunderbolt 2"],
+    ["networksetup", "-setmanual", "meshkit en2", "198.18.128.5", "255.255.255.252", ""],
+    ["networksetup", "-setMTU", "en2", "9000"],
+    ["route", "-n", "add", "-host", "198.18.128.6", "-interface", "en2"],
 ]
-PEER_ARGS = {"ports": [EN1, EN6], "pool": POOL, "mtu": 9000, "management_address": MGMT}
+PEER_ARGS = {"ports": [EN1, EN2], "pool": POOL, "mtu": 9000, "management_address": MGMT}
 
 
 def test_peer_link_fresh_ports_get_a_service_address_mtu_and_route(mac):
@@ -298,8 +318,11 @@ def test_peer_link_fresh_ports_get_a_service_address_mtu_and_route(mac):
     assert fake.calls == FRESH_READS + FRESH_COMMANDS
     assert result["changed"] is True
     assert result["commands"] == FRESH_COMMANDS
-    assert result["notes"] == []
-    assert result["diff"]["after"].splitlines()[0] == "networksetup -createnetworkservice meshkit en1 en1"
+    # the host routes do not survive a reboot, and the result says what replaces them
+    assert [n.split(":")[0] for n in result["notes"]] == ["en1", "en2"]
+    assert all("runtime only" in n and "after a reboot" in n for n in result["notes"])
+    assert result["persistence"] == macos.PEER_LINK_PERSISTENCE
+    assert result["diff"]["after"].splitlines()[0] == "networksetup -createnetworkservice meshkit en1 Thunderbolt 1"
 
 
 def test_peer_link_check_mode_runs_no_mutating_command(mac):
@@ -310,32 +333,9 @@ def test_peer_link_check_mode_runs_no_mutating_command(mac):
     assert result["commands"] == FRESH_COMMANDS
 
 
-def test_peer_link_existing_services_are_reused_and_only_the_differences_run(mac):
-    answers = {
-        ("networksetup", "-listnetworkserviceorder"): synthetic(
-            "networksetup_listnetworkserviceorder_port_services.txt"
-        ),
-        # en1's service already has the planned address; en6's has another one
-        ("networksetup", "-getinfo", "meshkit en1"): synthetic("networksetup_getinfo_manual_198.18.128.1.txt"),
-        ("networksetup", "-getinfo", "Thunderbolt 2"): synthetic("networksetup_getinfo_manual_198.18.128.1.txt"),
-        ("route", "-n", "get", "198.18.128.2"): synthetic("route_get_198.18.128.2_connected_en1.txt"),
-        ("route", "-n", "get", "198.18.128.6"): synthetic("route_get_198.18.128.6_default_en0.txt"),
-    }
-    result, fake = mac(peer_link, {"ports": [EN1, EN6], "pool": POOL, "management_address": MGMT}, answers)
-    assert fake.calls == [
-        ["route", "-n", "get", MGMT],
-        ["networksetup", "-listnetworkserviceorder"],
-        ["networksetup", "-getinfo", "meshkit en1"],
-        ["route", "-n", "get", "198.18.128.2"],
-        ["networksetup", "-getinfo", "Thunderbolt 2"],
-        ["route", "-n", "get", "198.18.128.6"],
-        ["networksetup", "-setmanual", "Thunderbolt 2", "198.18.128.5", "255.255.255.252"],
-        ["route", "-n", "add", "-host", "198.18.128.6", "-interface", "en6"],
-    ]
-    assert result["changed"] is True
-
-
-def test_peer_link_converged_changes_nothing(mac):
+def test_peer_link_after_a_reboot_changes_nothing(mac):
+    # The saved service brings the address back and macOS installs the /30, so the peer leaves
+    # through en1 without the (runtime) host route; the saved MTU is active.
     answers = {
         ("networksetup", "-listnetworkserviceorder"): synthetic(
             "networksetup_listnetworkserviceorder_port_services.txt"
@@ -350,42 +350,25 @@ def test_peer_link_converged_changes_nothing(mac):
         "changed": False,
         "commands": [],
         "notes": [],
-        "persistence": "network services set with networksetup persist across reboots",
+        "persistence": macos.PEER_LINK_PERSISTENCE,
         "files": [],
     }
 
 
-def test_peer_link_switches_a_dhcp_service_to_manual(mac):
-    answers = {
-        ("networksetup", "-listnetworkserviceorder"): synthetic(
-            "networksetup_listnetworkserviceorder_port_services.txt"
-        ),
-        ("networksetup", "-getinfo", "Thunderbolt 2"): synthetic("networksetup_getinfo_dhcp_198.18.128.5.txt"),
-        ("route", "-n", "get", "198.18.128.6"): synthetic("route_get_198.18.128.6_default_en0.txt"),
-    }
-    result, _fake = mac(peer_link, {"ports": [EN6], "pool": POOL, "management_interface": "en0"}, answers)
-    assert ["networksetup", "-setmanual", "Thunderbolt 2", "198.18.128.5", "255.255.255.252"] in result["commands"]
-
-
 def test_peer_link_refuses_the_management_interface(mac):
-    result, fake = mac(peer_link, {**PEER_ARGS, "management_address": MGMT_ON_EN1}, FRESH_ANSWERS, expect=FailJson)
+    result, fake = mac(peer_link, {**PEER_ARGS, "management_interface": "en1"}, FRESH_ANSWERS, expect=FailJson)
     assert result["msg"] == "the plan puts a cable address on the management interface en1; refusing"
-    assert fake.calls == [["route", "-n", "get", MGMT_ON_EN1]]
+    assert fake.calls == HOST_READS
     assert fake.mutating == []
 
 
 def test_peer_link_failing_command_stops_and_is_named(mac):
-    answers = {
-        **FRESH_ANSWERS,
-        ("networksetup", "-createnetworkservice", "meshkit en1", "en1"): (
-            4,
-            "",
-            "** Error: The parameters were not valid.\n",
-        ),
-    }
+    create = ("networksetup", "-createnetworkservice", "meshkit en1", "Thunderbolt 1")
+    answers = {**FRESH_ANSWERS, create: (4, "", "** Error: The parameters were not valid.\n")}
     result, fake = mac(peer_link, PEER_ARGS, answers, expect=FailJson)
-    assert fake.mutating == [["networksetup", "-createnetworkservice", "meshkit en1", "en1"]]
+    assert fake.mutating == [list(create)]
     assert result["msg"] == (
-        "networksetup -createnetworkservice meshkit en1 en1 failed (rc=4): ** Error: The parameters were not valid."
+        "networksetup -createnetworkservice meshkit en1 Thunderbolt 1 failed (rc=4): "
+        "** Error: The parameters were not valid."
     )
-    assert result["done"] == [{"cmd": ["networksetup", "-createnetworkservice", "meshkit en1", "en1"], "rc": 4}]
+    assert result["done"] == [{"cmd": list(create), "rc": 4}]
