@@ -31,11 +31,17 @@ from typing import Any
 from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import (
     HOST_BRIDGE,
     HOST_MGMT_PORT,
+    Host,
     LabPlan,
 )
 
 STATE_VERSION = 1
 SSH_PORT = 22
+# STP timers of every host's bridge0: the smallest the protocol allows (hello 1 s, max age 6 s,
+# forward delay 4 s; 2 x (forward delay - 1) >= max age >= 2 x (hello + 1)), so a bridge
+# forwards, and gets its carrier and IPv6 link-local address, ~8 s after its ports come up
+# rather than the 30 s of the kernel's defaults.
+STP_TIMERS = {"hello_time": 1, "max_age": 6, "forward_delay": 4}
 
 
 class LabError(RuntimeError):
@@ -84,6 +90,7 @@ class Lab:
         *,
         sshd: str = "/usr/sbin/sshd",
         ssh_timeout: float = 30.0,
+        settle_timeout: float = 60.0,
     ) -> None:
         self.plan = plan
         self.dir = Path(lab_dir)
@@ -91,6 +98,7 @@ class Lab:
         self.python = python
         self.sshd = sshd
         self.ssh_timeout = ssh_timeout
+        self.settle_timeout = settle_timeout
         self.netns_re = re.compile(rf"^{re.escape(plan.name)}-node[0-9]+$")
         self.root_port_re = re.compile(rf"^{re.escape(plan.name)}-m[0-9]+$")
 
@@ -279,7 +287,8 @@ class Lab:
         for h in plan.hosts:
             cmds = [
                 "link set lo up",
-                f"link add {HOST_BRIDGE} type bridge stp_state 1",
+                f"link add {HOST_BRIDGE} type bridge stp_state 1 "
+                + " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items()),
             ]
             for port in h.ports:
                 cmds += [f"link set {port} master {HOST_BRIDGE}", f"link set {port} up"]
@@ -435,6 +444,84 @@ class Lab:
                 f"sshd did not answer within {self.ssh_timeout:.0f} s on: {names}; see {self.dir}/hosts/<host>/init.log"
             )
 
+    # ---- settled -----------------------------------------------------------
+    def unsettled(self, host: Host) -> list[str]:
+        """What one host still lacks to be settled; empty when it is.
+
+        Settled: the management address is on mgmt0; every interface that is up and will get an
+        IPv6 link-local address has one (a port with carrier; a bridge once one of its members
+        has carrier, as STP then lets it forward); no address is still in duplicate-address
+        detection (``tentative``) and none failed it; sshd answers with its banner.
+        """
+        links = ip_json("-n", host.netns, "-d", "addr", "show")
+        by_name = {link["ifname"]: link for link in links}
+        missing: list[str] = []
+        prefix = ipaddress.IPv4Network(self.plan.mgmt_subnet).prefixlen
+        mgmt = by_name.get(HOST_MGMT_PORT)
+        if mgmt is None:
+            missing.append(f"{HOST_MGMT_PORT}: the interface is missing")
+        elif not any(a.get("local") == host.mgmt_ip and a.get("prefixlen") == prefix for a in mgmt["addr_info"]):
+            missing.append(f"{HOST_MGMT_PORT}: no management address {host.mgmt_ip}/{prefix}")
+        carrier = {name for name, link in by_name.items() if "LOWER_UP" in link.get("flags", [])}
+        disabled: set[str] | None = None
+        for name, link in sorted(by_name.items()):
+            if name == "lo":
+                continue
+            for a in link.get("addr_info", []):
+                flags = [f for f in ("tentative", "dadfailed") if a.get(f)]
+                if "dadfailed" in flags:
+                    missing.append(f"{name}: {a['local']} failed duplicate-address detection")
+                elif flags:
+                    missing.append(f"{name}: {a['local']} is still tentative (duplicate-address detection)")
+            if "UP" not in link.get("flags", []) or link.get("inet6_addr_gen_mode") == "none":
+                continue
+            kind = link.get("linkinfo", {}).get("info_kind")
+            members = [n for n, m in by_name.items() if m.get("master") == name]
+            expected = any(m in carrier for m in members) if kind == "bridge" else name in carrier
+            has_ll = any(a.get("family") == "inet6" and a.get("scope") == "link" for a in link.get("addr_info", []))
+            if expected and not has_ll:
+                if disabled is None:
+                    disabled = self._ipv6_disabled(host)
+                if name not in disabled:
+                    why = "carrier" if name in carrier else f"a member with carrier ({', '.join(sorted(members))})"
+                    missing.append(f"{name}: no IPv6 link-local address yet (it is up, with {why})")
+        if not missing and not _ssh_banner(host.mgmt_ip, SSH_PORT, 1.0):
+            missing.append(f"sshd does not answer on {host.mgmt_ip}:{SSH_PORT}")
+        return missing
+
+    @staticmethod
+    def _ipv6_disabled(host: Host) -> set[str]:
+        """Interfaces of the host with IPv6 switched off (they never get a link-local address)."""
+        proc = run(
+            ["nsenter", f"--net=/run/netns/{host.netns}", "grep", "-l", "^1$", "-r", "/proc/sys/net/ipv6/conf"],
+            check=False,
+        )
+        return {line.split("/")[-2] for line in proc.stdout.splitlines() if line.endswith("/disable_ipv6")}
+
+    def settle(self, hosts: list[Host] | None = None) -> float:
+        """Wait until every host (or the given ones) is settled; seconds waited. On the deadline,
+        LabError naming each host, interface and what it lacks."""
+        start = time.monotonic()
+        deadline = start + self.settle_timeout
+        waiting = list(hosts if hosts is not None else self.plan.hosts)
+        lacking: dict[str, list[str]] = {}
+        while waiting:
+            lacking = {}
+            for h in waiting:
+                missing = self.unsettled(h)
+                if missing:
+                    lacking[h.name] = missing
+            waiting = [h for h in waiting if h.name in lacking]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                detail = "; ".join(f"{name}: {', '.join(what)}" for name, what in lacking.items())
+                raise LabError(
+                    f"the lab did not settle within {self.settle_timeout:.0f} s (lab_settle_timeout): {detail}"
+                )
+            time.sleep(0.2)
+        return round(time.monotonic() - start, 2)
+
     def _scan_host_keys(self) -> list[str]:
         """Collect every host's key with ssh-keyscan and check it is the key we gave that host."""
         ips = [h.mgmt_ip for h in self.plan.hosts]
@@ -542,5 +629,15 @@ def _port_open(ip: str, port: int, timeout: float) -> bool:
     try:
         with socket.create_connection((ip, port), timeout=timeout):
             return True
+    except OSError:
+        return False
+
+
+def _ssh_banner(ip: str, port: int, timeout: float) -> bool:
+    """True when an SSH server answers on ip:port with its identification line."""
+    try:
+        with socket.create_connection((ip, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(4).startswith(b"SSH-")
     except OSError:
         return False

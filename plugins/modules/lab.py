@@ -70,6 +70,14 @@ options:
     description: Seconds to wait for every host's sshd to answer after a build.
     type: int
     default: 30
+  settle_timeout:
+    description:
+      - Seconds to wait, after a build and on every run, until every host is settled - its management
+        address present, an IPv6 link-local address on every interface that will get one (bridge0
+        included), no address still in duplicate-address detection, sshd answering. On the deadline the
+        module fails naming each host, interface and what it lacks.
+    type: int
+    default: 60
 """
 
 EXAMPLES = r"""
@@ -119,6 +127,10 @@ elapsed:
   description: Seconds spent building or removing.
   returned: always
   type: float
+settled_in:
+  description: Seconds spent waiting until every host was settled (present only).
+  returned: when state is present and not in check mode
+  type: float
 """
 
 import sys
@@ -160,6 +172,7 @@ def main() -> None:
             "dir": {"type": "path", "required": True},
             "init_script": {"type": "path", "required": True},
             "ssh_timeout": {"type": "int", "default": 30},
+            "settle_timeout": {"type": "int", "default": 60},
         },
         supports_check_mode=True,
     )
@@ -181,7 +194,14 @@ def main() -> None:
     except LabSpecError as exc:
         module.fail_json(msg=str(exc), problems=exc.problems)
 
-    lab = Lab(plan(doc), p["dir"], p["init_script"], sys.executable, ssh_timeout=p["ssh_timeout"])
+    lab = Lab(
+        plan(doc),
+        p["dir"],
+        p["init_script"],
+        sys.executable,
+        ssh_timeout=p["ssh_timeout"],
+        settle_timeout=p["settle_timeout"],
+    )
     result: dict = {"changed": False, "removed": [], "reasons": [], "elapsed": 0.0}
     start = time.monotonic()
     try:
@@ -222,6 +242,9 @@ def main() -> None:
                     except LabError:
                         lab.teardown(keep_files=True)  # leave nothing half-built behind
                         raise
+            if not module.check_mode:
+                # Built now or earlier: return only once every host is settled.
+                result["settled_in"] = lab.settle()
             result["lab"] = lab.report()
     except LabError as exc:
         module.fail_json(msg=str(exc), **result)

@@ -24,6 +24,11 @@ def recorded_cables(cabling: dict) -> list:
     return sorted(tuple(sorted((e["host"], e["port"]) for e in c["ends"])) for c in cabling["cables"])
 
 
+def lab_netns(lab) -> list[str]:
+    """This lab's namespaces (other labs, of other test runs, come and go meanwhile)."""
+    return sorted(n["name"] for n in ip_json("netns", "list") if n["name"].startswith(lab.name + "-"))
+
+
 def check_lab_matches_record(lab) -> dict:
     """The kernel has exactly the recorded cables; each host exactly its own ports, in bridge0 with STP."""
     cabling = lab.cabling()
@@ -80,7 +85,7 @@ def test_rerun_changes_nothing_hosts_are_isolated_check_mode_is_truthful(make_la
     lab = make_lab(lab_size=4, lab_shape="mesh")
     assert lab.up().rc == 0
     before_cabling = lab.cabling_file.read_text()
-    before_netns = sorted(n["name"] for n in ip_json("netns", "list"))
+    before_netns = lab_netns(lab)
 
     again = lab.up()
     assert again.rc == 0, again.output
@@ -92,7 +97,7 @@ def test_rerun_changes_nothing_hosts_are_isolated_check_mode_is_truthful(make_la
     assert check.changed > 0
     assert "+lab " in check.output and "5 hosts" in check.output
     assert lab.cabling_file.read_text() == before_cabling
-    assert sorted(n["name"] for n in ip_json("netns", "list")) == before_netns
+    assert lab_netns(lab) == before_netns
 
     # Each host: its own hostname, its own state directory, its own process table.
     write = lab.ansible("-m", "ansible.builtin.shell", "-a", "hostname > /var/lib/meshkit/mark", pattern="node1")
@@ -124,6 +129,45 @@ def test_rerun_changes_nothing_hosts_are_isolated_check_mode_is_truthful(make_la
         pattern="node1",
     )
     assert fast.returncode == 0 and "node1" in fast.stdout, fast.stdout + fast.stderr
+
+
+def settled_state(lab) -> dict[str, list[str]]:
+    """Per host, what is not settled yet, read straight from the kernel: mgmt0's address, an IPv6
+    link-local address on every interface (each has carrier here, bridge0 through its ports),
+    nothing tentative."""
+    lacking: dict[str, list[str]] = {}
+    for name, host in lab.hosts().items():
+        ns = host["meshkit_lab_netns"]
+        for link in ip_json("-n", ns, "addr", "show"):
+            if link["ifname"] == "lo":
+                continue
+            infos = link.get("addr_info", [])
+            if not any(a["family"] == "inet6" and a.get("scope") == "link" for a in infos):
+                lacking.setdefault(name, []).append(f"{link['ifname']}: no link-local")
+            lacking.setdefault(name, []).extend(
+                f"{link['ifname']}: {a['local']} tentative" for a in infos if a.get("tentative")
+            )
+            if link["ifname"] == "mgmt0" and not any(a.get("local") == host["ansible_host"] for a in infos):
+                lacking.setdefault(name, []).append("mgmt0: no management address")
+    return {k: v for k, v in lacking.items() if v}
+
+
+def test_the_lab_is_settled_when_the_playbook_returns(make_lab):
+    lab = make_lab(lab_size=3, lab_shape="mesh")
+    # A deadline shorter than STP needs to let bridge0 forward: the play fails naming what is missing.
+    early = lab.up(lab_settle_timeout=1)
+    assert early.rc != 0
+    assert "did not settle within 1 s (lab_settle_timeout)" in early.output, early.output
+    assert "bridge0: no IPv6 link-local address yet" in early.output, early.output
+    # The normal deadline: when the play returns, every host already has everything.
+    run = lab.up()
+    assert run.rc == 0, run.output
+    assert settled_state(lab) == {}
+    assert ping_hosts(lab) == {"node1": "SUCCESS", "node2": "SUCCESS", "node3": "SUCCESS"}
+    # A rebuild (another size) is settled too when the play returns.
+    bigger = lab.up(lab_size=4)
+    assert bigger.rc == 0, bigger.output
+    assert settled_state(lab) == {}
 
 
 def test_host_key_checking_is_on(make_lab):
