@@ -213,21 +213,6 @@ def read_bridge_state(run: Run, bridge: str, service: str, preferences: str | No
     }
 
 
-def management_interface(run: Run, candidates: list[str]) -> str | None:
-    for address in candidates:
-        try:
-            ipaddress.ip_address(address)
-        except ValueError:
-            continue
-        rc, out, _err = run(["route", "-n", "get", address])
-        match = re.search(r"interface:\s*(\S+)", out) if rc == 0 else None
-        # The route to the controller leaves through the interface we are reached on; the
-        # host's own address routes through lo0, which tells nothing.
-        if match and match.group(1) != "lo0":
-            return match.group(1)
-    return None
-
-
 def _unknown_management(what: str) -> str:
     return (
         f"the management interface is not known, so {what} could cut the connection this play runs over; "

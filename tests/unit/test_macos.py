@@ -626,23 +626,6 @@ def test_plan_bridge_fails_closed_without_a_management_interface(mgmt):
     assert "meshkit_management_interface" in plan["refused"]
 
 
-def test_management_interface_from_route_get():
-    calls: list[list[str]] = []
-    run = fake_run(
-        {("route", "-n", "get", "192.168.1.20"): (0, synthetic("route_get_192.168.1.20_en0.txt"), "")}, calls
-    )
-    assert macos.management_interface(run, ["mac1.example", "192.168.1.20"]) == "en0"
-    assert calls == [["route", "-n", "get", "192.168.1.20"]]  # a hostname is skipped, not looked up
-
-
-def test_management_interface_unknown():
-    run = fake_run(
-        {("route", "-n", "get", "192.168.1.20"): (1, "", "route: writing to routing socket: not in table")}, []
-    )
-    assert macos.management_interface(run, ["192.168.1.20"]) is None
-    assert macos.management_interface(run, []) is None
-
-
 # ---- peer links ---------------------------------------------------------------------------
 def test_parse_getinfo_and_netmask():
     info = macos.parse_getinfo(synthetic("networksetup_getinfo_manual_198.18.128.1.txt"))
