@@ -307,3 +307,100 @@ def test_no_linux_planner_command_ever_names_the_management_interface(state):
                 continue  # refused (a port still in a bridge): nothing planned at all
             for argv in commands:
                 assert mgmt not in argv, (mgmt, patterns, argv)
+
+
+# ---- macOS (recorded ifconfig, netstat, route -n get, networksetup of real Macs) ----------------
+MACOS = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
+SONOMA_IFCONFIG = "ifconfig_a_macbookpro16_apple_silicon_sonoma14.4_bridge0_3_tb_members.txt"
+SONOMA_PORTS = "networksetup_listallhardwareports_macbookpro16_apple_silicon_sonoma14.4.txt"
+SONOMA_EN0 = "192.168.2.46"  # Wi-Fi (en0) of that MacBook Pro; en1-en3 (Thunderbolt 1-3) are in bridge0
+LAN_ROUTER = "192.168.64.1"  # the on-link neighbour of the macOS 26 capture (route -n get: en0)
+
+
+def mac(netstat: str = "netstat_rn_finet_macos26vm.txt", ifconfig: str = SONOMA_IFCONFIG):
+    answers = {
+        ("ifconfig",): (MACOS / ifconfig).read_text(),
+        ("netstat", "-rn", "-f", "inet"): (MACOS / netstat).read_text(),
+        ("networksetup", "-listallhardwareports"): (MACOS / SONOMA_PORTS).read_text(),
+        ("route", "-n", "get", LAN_ROUTER): (
+            MACOS / "route_get_192.168.64.1_onlink_gateway_en0_macos26vm.txt"
+        ).read_text(),
+        ("route", "-n", "get", "127.0.0.1"): (MACOS / "route_get_127.0.0.1_lo0_macos26vm.txt").read_text(),
+    }
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        if tuple(argv) in answers:
+            return 0, answers[tuple(argv)], ""
+        if argv[:3] == ["route", "-n", "get"]:
+            # What route(8) prints for a destination it cannot reach; it exits 0 even then.
+            return 0, "", "route: writing to routing socket: not in table"
+        raise AssertionError(f"unexpected command {argv}")
+
+    return run
+
+
+def establish_mac(params: dict, run=None, resolve=None) -> dict:
+    return module.establish({"host": "studio1", **params}, run or mac(), "Darwin", resolve or resolver({}), {})
+
+
+def test_mac_ifconfig_addresses_and_bridge_members():
+    net = mg.parse_ifconfig((MACOS / SONOMA_IFCONFIG).read_text())
+    assert net.interface_of(SONOMA_EN0) == "en0"
+    assert net.bridge_members["bridge0"] == ["en1", "en2", "en3"]
+    assert str(net.addresses["lo0"][0]) == "127.0.0.1/8"
+    intel = mg.parse_ifconfig((MACOS / "ifconfig_intel_mbp_bridge0_4_tb_members_bridge100_inet.txt").read_text())
+    assert intel.interface_of("192.168.64.1") == "bridge100"
+    assert intel.bridge_members == {"bridge0": ["en1", "en2", "en3", "en4"], "bridge100": ["en10"]}
+
+
+def test_mac_a_name_resolved_on_the_host_finds_wifi():
+    result = establish_mac({"address": "studio1.local"}, resolve=resolver({"studio1.local": [(SONOMA_EN0, None)]}))
+    assert result.get("failed") is None, result
+    assert result["interface"] == "en0"
+
+
+def test_mac_a_link_local_mdns_answer_names_its_scope():
+    # mDNS often answers a .local name with the host's scoped IPv6 link-local address.
+    scoped = resolver({"studio1.local": [("fe80::4444:3333:0:5555", "en0")]})
+    assert establish_mac({"address": "studio1.local"}, resolve=scoped)["interface"] == "en0"
+
+
+def test_mac_the_route_back_to_the_controller_when_the_name_tells_nothing():
+    result = establish_mac(
+        {"address": "studio1", "controller_addresses": [LAN_ROUTER]},
+        resolve=resolver({"studio1": [("127.0.0.1", None)]}),
+    )
+    assert result["interface"] == "en0", result
+    assert result["findings"][-1] == {
+        "source": f"route to the controller {LAN_ROUTER}",
+        "detail": "leaves through en0",
+        "interface": "en0",
+    }
+
+
+def test_mac_nothing_to_go_on_is_refused():
+    result = establish_mac({"address": "studio1.local", "controller_addresses": ["10.9.9.9"]})
+    assert result["failed"] is True
+    assert "studio1: cannot tell which interface carries the management connection" in result["msg"]
+    assert "route to the controller 10.9.9.9: no route" in result["msg"]
+    assert "meshkit_management_interface" in result["msg"]
+
+
+def test_mac_the_route_to_itself_through_lo0_tells_nothing():
+    iface, detail = mg.darwin_route_interface(mac(), "127.0.0.1")
+    assert iface is None and "tells nothing" in detail
+
+
+def test_mac_management_in_the_thunderbolt_bridge_is_refused():
+    result = establish_mac({"address": SONOMA_EN0, "interface": "en2", "bridge": "bridge0"})
+    assert result["failed"] is True
+    assert "runs over en2, a member of bridge0" in result["msg"]
+
+
+def test_mac_pool_overlapping_a_lan_address_or_a_route_is_refused():
+    result = establish_mac({"address": SONOMA_EN0, "pool": "192.168.0.0/16"})
+    assert result["failed"] is True
+    assert "address 192.168.2.46/24 on en0" in result["msg"]
+    assert "route 192.168.64 link#7 UCS en0" in result["msg"]
+    ok = establish_mac({"address": SONOMA_EN0, "pool": POOL})
+    assert ok.get("failed") is None, ok
