@@ -11,6 +11,7 @@ from pathlib import Path
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import (
+    DEFAULT_HOST_TIMEOUT,
     ConnectionError_,
     connection_for,
 )
@@ -25,6 +26,28 @@ display = Display()
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
+
+    def _host_timeout(self, args: dict, job: dict, task_vars: dict) -> float | str:
+        """Seconds without a word from a host before it is lost: the task's ``host_timeout``, the
+        job's (launch_plan's settings), else launch.yml's ``launch_host_timeout``, else the default.
+        A string: what is wrong with the value given."""
+        value = args.get("host_timeout")
+        if value is None:
+            value = job.get("host_timeout")
+        if value is None and task_vars.get("launch_host_timeout") is not None:
+            value = self._templar.template(task_vars["launch_host_timeout"])
+        if value is None or value == "":
+            return DEFAULT_HOST_TIMEOUT
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = 0.0
+        if not 1 <= seconds <= 3600:
+            return (
+                f"launch_host_timeout = {value!r}: give the seconds without a word from a host before it counts as "
+                f"lost (1-3600; default {DEFAULT_HOST_TIMEOUT:g}); no rank of job {job['job_id']} was started"
+            )
+        return seconds
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
@@ -65,6 +88,12 @@ class ActionModule(ActionBase):
             result["changed"] = False
             result["msg"] = f"job {job['job_id']} prepared in {path}"
             return result
+        host_timeout = self._host_timeout(args, job, task_vars)
+        if isinstance(host_timeout, str):
+            result["failed"] = True
+            result["changed"] = False
+            result["msg"] = host_timeout
+            return result
         token = secrets.token_hex(16)
         log_dir = Path(args.get("log_dir") or job.get("log_dir") or f"artifacts/launch/{job['job_id']}")
         quiet = bool(args.get("quiet"))
@@ -80,7 +109,7 @@ class ActionModule(ActionBase):
             display.display(f"meshkit launch: {text}", color="bright blue")
 
         try:
-            hosts = hosts_for(job, connections, token, log_dir)
+            hosts = hosts_for(job, connections, token, log_dir, host_timeout)
         except MpiError as exc:
             result["failed"] = True
             result["changed"] = False
@@ -94,6 +123,7 @@ class ActionModule(ActionBase):
             grace=float(args.get("grace") if args.get("grace") is not None else job.get("grace", 3.0)),
             on_line=on_line,
             on_event=on_event,
+            host_timeout=host_timeout,
         )
         outcome = launcher.run()
         result["table"] = outcome.table()

@@ -10,19 +10,34 @@ controller sends its source over the connection, so hosts need no copy of meshki
 Controller -> agent (stdin):
   0. or instead of a job, a check: {"check": {...}} (see check_host()); the agent answers
      {"t": "checked", "preflight": {...}, "facts": {...}} and exits, starting nothing.
-  1. the job: {"job", "dir", "files": {name: text}, "grace", "stdin": bool,
-     "ranks": [{"rank", "argv", "env", "cwd"}]}
-  2. then any number of {"t": "stdin", "d": text}, {"t": "stdin_eof"}, {"t": "stop", "why": text}.
-  End of input (the controller or its connection is gone) stops the job like "stop".
+  1. the job: {"job", "dir", "files": {name: text}, "grace", "stdin": bool, "host_timeout",
+     "heartbeat", "ranks": [{"rank", "argv", "env", "cwd"}]}
+  2. then any number of {"t": "stdin", "d": text}, {"t": "stdin_eof"}, {"t": "stop", "why": text},
+     {"t": "hb"} (a heartbeat).
+  End of input (the controller or its connection is gone) stops the job like "stop"; so does no
+  word from the controller for ``host_timeout`` seconds (a partition closes nothing).
 
-Agent -> controller (stdout):
+Agent -> controller (stdout, written without ever blocking: a controller that does not take its
+output holds the ranks' output up, never the agent):
   {"t": "started", "r", "pid"}; {"t": "out", "r", "d"}; {"t": "exit", "r", "code", "sig", "err",
-  "stopped"}; {"t": "error", "msg"}; {"t": "bye", "left": [pids killed after the ranks ended]}.
+  "stopped"}; {"t": "error", "msg"}; {"t": "hb"} every ``heartbeat`` seconds; {"t": "bye", "left":
+  [pids killed after the ranks ended]}.
+
+The job's directory (``<state_dir>/jobs/<job id>``) is made 0700 and the login user's own, inside
+a parent every user may write to (sticky, like /tmp): see job_directory(). The ranks run as the
+user the connection logged in as.
 
 Stopping is SIGTERM to each rank's process group, SIGKILL to what is left after ``grace``
 seconds, then (Linux) SIGKILL to any other descendant: the agent is a child subreaper, so a
 rank's daemonised children are re-parented to it and cannot escape. Ranks get
-PR_SET_PDEATHSIG, so even a killed agent takes its ranks with it.
+PR_SET_PDEATHSIG, so a killed agent takes its ranks with it; their own children are the
+watchdog's. The process the connection started becomes a watchdog once the job is read: it
+forks, the child is the agent, and the watchdog waits for it. When the agent ends (however: even
+SIGKILL) the watchdog, itself a child subreaper and so the new parent of every orphan of the
+job, SIGKILLs the ranks' process groups, every process below it, and (Linux) every process whose
+environment carries the job's random ``MESHKIT_JOB_MARK`` (see sweep_job()). On macOS there is
+no subreaper, no PR_SET_PDEATHSIG and no /proc: the watchdog kills the ranks' process groups
+only, so a rank's child that left its process group (setsid, a daemon) outlives a killed agent.
 """
 
 from __future__ import annotations
@@ -35,10 +50,13 @@ import hashlib
 import json
 import os
 import re
+import secrets
+import select
 import selectors
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -361,14 +379,219 @@ def check_host(spec: dict) -> dict:
     return result
 
 
+# --- the job directory ---------------------------------------------------------------------------
+
+
+class JobDirError(Exception):
+    """The job's directory cannot be made safely; says why and what to do."""
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(os.geteuid()).pw_name} (uid {os.geteuid()})"
+    except (ImportError, KeyError):
+        return f"uid {os.geteuid()}"
+
+
+def job_directory(path: str) -> None:
+    """Make this job's directory: mode 0700, this user's own. Its parent, ``<state_dir>/jobs``, is
+    shared by every user who launches (setup.yml makes it sticky and world-writable, like /tmp), so
+    the directory is made exclusively, and one already there (the same job id again) is used only
+    when it is a real directory of this user's that no one else can enter."""
+    path = path.rstrip("/") or "/"
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        try:
+            os.makedirs(os.path.dirname(parent) or "/", exist_ok=True)
+            os.mkdir(parent)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise JobDirError(
+                f"cannot create {parent} as {_user()}: {exc.strerror}; setup.yml creates it (mode 1777, like "
+                f"/tmp); run setup.yml, or as root: install -d -m 1777 {parent}"
+            ) from None
+        else:
+            if os.geteuid() == 0:
+                # The layout setup.yml makes, whoever is first: every login user can launch.
+                os.chmod(parent, 0o1777)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a directory"
+            raise JobDirError(
+                f"{path} exists and is not a private directory of {_user()} ({kind}, owner uid {st.st_uid}, "
+                f"mode {stat.S_IMODE(st.st_mode):04o}); nothing was started: remove it, or launch with another job id"
+            ) from None
+    except PermissionError:
+        raise JobDirError(
+            f"cannot create {path}: {parent} is not writable by {_user()}; setup.yml makes it sticky and "
+            f"world-writable (mode 1777, like /tmp) so that every login user can launch: run setup.yml, or as "
+            f"root: chmod 1777 {parent}"
+        ) from None
+    os.chmod(path, 0o700)
+
+
+# --- the watchdog: nothing of the job outlives a killed agent --------------------------------------
+
+
+def _proc_table() -> dict[int, tuple[int, bytes]]:
+    """pid -> (parent pid, state) of every process (Linux /proc; empty elsewhere)."""
+    out: dict[int, tuple[int, bytes]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat_line = handle.read()
+        except OSError:
+            continue
+        fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            out[int(name)] = (int(fields[1]), fields[0])
+    return out
+
+
+def job_processes(root: int, mark: str) -> set[int]:
+    """Live processes of the job (Linux): every descendant of ``root`` (the watchdog, a child
+    subreaper: a killed agent's orphans come to it), and any process whose environment carries
+    ``MESHKIT_JOB_MARK=mark`` (one that left the tree, e.g. started through another daemon)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    needle = f"MESHKIT_JOB_MARK={mark}".encode()
+    for pid in table:
+        if pid in found or pid == root:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    found.add(pid)
+        except OSError:
+            continue
+    return {pid for pid in found if table.get(pid, (0, b"Z"))[1] != b"Z"}
+
+
+def sweep_job(root: int, mark: str, groups: set[int], within: float = 5.0) -> list[int]:
+    """SIGKILL every process of the job until none is left (or ``within`` seconds): the ranks'
+    process groups, then (Linux) job_processes(). The pids killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + within
+    while True:
+        for group in list(groups):
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                groups.discard(group)
+            except OSError:
+                groups.discard(group)
+        pids = job_processes(root, mark) if sys.platform.startswith("linux") else set()
+        pids.discard(root)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        killed |= pids
+        _reap()
+        if (not pids and not groups) or time.monotonic() > deadline:
+            return sorted(killed)
+        time.sleep(0.02)
+
+
+def _say(fd: int, text: str) -> None:
+    """Write a short line to ``fd`` only if it takes it now (a stalled connection must not hold
+    the watchdog)."""
+    data = text.encode(errors="replace")[:4000]  # below PIPE_BUF: a writable pipe takes it whole
+    with contextlib.suppress(OSError, ValueError):
+        if select.select([], [fd], [], 0)[1]:
+            os.write(fd, data)
+
+
+def watchdog(agent: int, read_fd: int, mark: str, log_path: str | None) -> int:
+    """The original process of the agent, once the agent runs as its child: waits for the agent to
+    end (end of file on the pipe the agent holds; the agent also writes "+PID" / "-PID" there as a
+    rank's process group starts / is gone), then kills whatever of the job is left. Signals that
+    would stop the agent are passed on to it."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: _forward(agent, s))
+    groups: set[int] = set()
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(read_fd, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
+    while True:
+        try:
+            _pid, status = os.waitpid(agent, 0)
+            break
+        except ChildProcessError:
+            status = 0
+            break
+        except InterruptedError:
+            continue
+    killed = sweep_job(os.getpid(), mark, groups)
+    if os.WIFSIGNALED(status):
+        how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+        code = 128 + os.WTERMSIG(status)
+    else:
+        how = f"exited {os.WEXITSTATUS(status)}"
+        code = os.WEXITSTATUS(status)
+    if killed or os.WIFSIGNALED(status):
+        text = f"meshkit agent (pid {agent}) {how}; its watchdog killed {len(killed)} processes of the job: {killed}\n"
+        if log_path:
+            with contextlib.suppress(OSError), open(log_path, "a") as handle:
+                handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}")
+        _say(2, text)
+    return code
+
+
+def _forward(agent: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(agent, sig)
+
+
+# --- the agent ----------------------------------------------------------------------------------
+
+# While this much output waits for the controller, the ranks' output is not read (their pipes
+# then fill and they wait): the agent's memory stays bounded and it never blocks.
+HIGH_WATER = 1 << 20
+DRAIN_AT_EXIT = 5.0  # seconds the agent waits for its last messages to be taken before it exits
+JOB_WAIT = 120.0  # seconds the agent waits for its job after its source
+
+
 class Rank:
     def __init__(self, spec: dict, log_dir: str) -> None:
         self.rank: int = spec["rank"]
         self.proc: subprocess.Popen | None = None
         self.log = open(os.path.join(log_dir, f"rank-{self.rank}.log"), "ab")  # noqa: SIM115
         self.eof = False
+        self.reading = False  # its output registered with the selector
         self.reported = False
         self.stopped = False
+        self.group_gone = False  # its process group is empty (the watchdog was told)
         self.exited_at: float | None = None
         self.stdin_pending = b""  # broadcast input this rank has not read yet
         self.stdin_eof = False  # close its stdin once the pending input is written
@@ -379,29 +602,68 @@ class Agent:
         self.out_fd = out_fd
         self.in_fd = in_fd
         self.inbuf = b""
+        self.outbuf = bytearray()  # messages the controller has not taken yet
+        self.out_blocking = True  # until the job runs: the check answers with one blocking write
+        self.writing = False
+        self.silenced = False  # the controller is unreachable: messages are dropped, not kept
         self.ranks: list[Rank] = []
         self.sel = selectors.DefaultSelector()
         self.stopping_since: float | None = None
         self.killed = False
+        self.host_timeout: float | None = None
+        self.heartbeat = 5.0
+        self.heard_at = self.beat_at = time.monotonic()
+        self.watch_fd: int | None = None  # the pipe to the watchdog
+        self.mark = ""
+        self.log_path: str | None = None
+        self.job: dict | None = None
 
     # --- talking to the controller ------------------------------------------------------------
 
     def send(self, **msg: object) -> None:
-        data = (json.dumps(msg) + "\n").encode()
-        while data:
+        if self.silenced:
+            return
+        self.outbuf += (json.dumps(msg) + "\n").encode()
+        self.flush()
+
+    def flush(self) -> None:
+        """Write what the controller's pipe takes now, never waiting (once the job runs)."""
+        while self.outbuf:
             try:
-                n = os.write(self.out_fd, data)
+                n = os.write(self.out_fd, self.outbuf)
             except BlockingIOError:
-                time.sleep(0.001)
-                continue
+                break
             except OSError:
                 # The controller is gone: nobody to tell; stopping follows from the closed stdin.
-                return
-            data = data[n:]
+                self.outbuf.clear()
+                self.silenced = True
+                break
+            del self.outbuf[:n]
+        if self.out_blocking:
+            return
+        want = bool(self.outbuf)
+        if want != self.writing:
+            if want:
+                self.sel.register(self.out_fd, selectors.EVENT_WRITE, "out")
+            else:
+                self.sel.unregister(self.out_fd)
+            self.writing = want
 
-    def read_line(self) -> dict | None:
-        """One whole line of input, blocking (used before the job starts)."""
+    def drain(self, within: float) -> None:
+        """At the end: give the last messages ``within`` seconds to be taken."""
+        deadline = time.monotonic() + within
+        while self.outbuf and not self.silenced and time.monotonic() < deadline:
+            self.sel.select(0.05)
+            self.flush()
+
+    def read_line(self, within: float = JOB_WAIT) -> dict | None:
+        """One whole line of input (used before the job starts); None at end of input or after
+        ``within`` seconds without it."""
+        deadline = time.monotonic() + within
         while b"\n" not in self.inbuf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.in_fd], [], [], left)[0]:
+                return None
             chunk = os.read(self.in_fd, 65536)
             if not chunk:
                 return None
@@ -409,22 +671,38 @@ class Agent:
         line, self.inbuf = self.inbuf.split(b"\n", 1)
         return json.loads(line)
 
+    def note(self, text: str) -> None:
+        """A line in the host's own agent.log (the controller may not be there to hear it)."""
+        if self.log_path:
+            with contextlib.suppress(OSError), open(self.log_path, "a") as handle:
+                handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+    def tell_watchdog(self, text: str) -> None:
+        if self.watch_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.watch_fd, text.encode())  # a few bytes into a pipe it always reads
+
     # --- the job --------------------------------------------------------------------------------
 
     def start(self, job: dict) -> None:
-        os.makedirs(job["dir"], mode=0o700, exist_ok=True)
+        job_directory(job["dir"])
+        self.log_path = os.path.join(job["dir"], "agent.log")
         for name, text in job.get("files", {}).items():
             path = os.path.join(job["dir"], name)
-            with open(path + ".tmp", "w") as handle:
+            tmp = f"{path}.{os.getpid()}.tmp"  # several agents may share a directory (one machine)
+            with open(tmp, "w") as handle:
                 handle.write(text)
-            os.replace(path + ".tmp", path)
+            os.replace(tmp, path)
         self.grace = float(job.get("grace", 3.0))
         interactive = bool(job.get("stdin"))
+        self.note(f"job {job.get('job')}: starting {len(job['ranks'])} ranks as {_user()}")
         for spec in job["ranks"]:
             rank = Rank(spec, job["dir"])
             self.ranks.append(rank)
             env = dict(os.environ)
             env.update(spec.get("env", {}))
+            env["MESHKIT_JOB_MARK"] = self.mark
             if spec.get("path_prepend"):
                 env["PATH"] = os.pathsep.join([*spec["path_prepend"], env.get("PATH", os.defpath)])
             try:
@@ -450,21 +728,42 @@ class Agent:
                     why = f"cannot start {spec['argv'][0]}: {exc}"
                 self.send(t="exit", r=rank.rank, code=127, sig=None, err=why)
                 continue
+            self.tell_watchdog(f"+{rank.proc.pid}\n")
             if rank.proc.stdin:
                 os.set_blocking(rank.proc.stdin.fileno(), False)
             os.set_blocking(rank.proc.stdout.fileno(), False)
-            self.sel.register(rank.proc.stdout, selectors.EVENT_READ, rank)
+            self.read_from(rank, True)
             self.send(t="started", r=rank.rank, pid=rank.proc.pid)
+
+    def read_from(self, rank: Rank, on: bool) -> None:
+        """Read a rank's output (or not, while the controller does not take it)."""
+        on = on and not rank.eof
+        if on != rank.reading:
+            if on:
+                self.sel.register(rank.proc.stdout, selectors.EVENT_READ, rank)
+            else:
+                self.sel.unregister(rank.proc.stdout)
+            rank.reading = on
+
+    def pace(self) -> None:
+        full = len(self.outbuf) > HIGH_WATER
+        for rank in self.ranks:
+            if rank.proc is not None:
+                self.read_from(rank, not full)
 
     def on_input(self) -> None:
         try:
             chunk = os.read(self.in_fd, 65536)
         except BlockingIOError:
             return
+        except OSError:
+            chunk = b""
         if not chunk:
             self.sel.unregister(self.in_fd)
+            self.note("end of input from the controller: stopping every rank")
             self.stop()
             return
+        self.heard_at = time.monotonic()
         self.inbuf += chunk
         self.handle_lines()
 
@@ -474,6 +773,7 @@ class Agent:
             msg = json.loads(line)
             kind = msg.get("t")
             if kind == "stop":
+                self.note(f"stop from the controller: {msg.get('why')}")
                 self.stop()
             elif kind == "stdin":
                 self.to_ranks(msg["d"].encode("utf-8", "surrogateescape"))
@@ -481,6 +781,7 @@ class Agent:
                 for rank in self.ranks:
                     rank.stdin_eof = True
                     self.feed(rank)
+            # "hb": the controller's heartbeat; hearing it is all it is for.
 
     def to_ranks(self, data: bytes) -> None:
         for rank in self.ranks:
@@ -516,8 +817,8 @@ class Agent:
         except OSError:
             chunk = b""
         if not chunk:
+            self.read_from(rank, False)
             rank.eof = True
-            self.sel.unregister(rank.proc.stdout)
             rank.proc.stdout.close()
             return
         rank.log.write(chunk)
@@ -540,21 +841,45 @@ class Agent:
             with contextlib.suppress(OSError):
                 rank.proc.send_signal(sig)
 
+    def check_controller(self) -> None:
+        """Heartbeats: say we are here; stop the ranks when the controller has not been heard
+        from for host_timeout seconds (a partition drops traffic without closing anything)."""
+        now = time.monotonic()
+        if now - self.beat_at >= self.heartbeat:
+            self.beat_at = now
+            if len(self.outbuf) <= HIGH_WATER:
+                self.send(t="hb")
+        if self.host_timeout and not self.silenced and now - self.heard_at > self.host_timeout:
+            self.silenced = True
+            self.outbuf.clear()
+            self.flush()
+            self.pace()
+            self.note(f"no word from the controller for {self.host_timeout:g} s: stopping every rank of this host")
+            self.stop()
+
     def reap(self) -> None:
         for rank in self.ranks:
-            if rank.reported or rank.proc is None:
+            if rank.proc is None:
+                continue
+            if rank.reported:
+                if not rank.group_gone and not _group_alive(rank.proc.pid):
+                    # Its process group is empty, so its number may be used again: the watchdog
+                    # must not signal it any more.
+                    rank.group_gone = True
+                    self.tell_watchdog(f"-{rank.proc.pid}\n")
                 continue
             code = rank.proc.poll()
             if code is None:
                 continue
             # A rank that exited may leave output in its pipe (or a child holding it open):
-            # report the exit once the pipe is drained, or after a short wait.
-            if rank.exited_at is None:
+            # report the exit once the pipe is drained, or after 0.5 s of reading it (time while
+            # the controller holds its output up does not count).
+            if rank.exited_at is None or (not rank.reading and not rank.eof):
                 rank.exited_at = time.monotonic()
-            if not rank.eof and time.monotonic() - rank.exited_at < 0.5:
+            if not rank.eof and (not rank.reading or time.monotonic() - rank.exited_at < 0.5):
                 continue
             if not rank.eof:
-                self.sel.unregister(rank.proc.stdout)
+                self.read_from(rank, False)
                 rank.proc.stdout.close()
                 rank.eof = True
             rank.reported = True
@@ -592,8 +917,35 @@ class Agent:
             time.sleep(0.02)
         return sorted(left)
 
-    def run(self) -> int:
+    def fork_watchdog(self) -> None:
+        """From here on this process is the watchdog (it never returns from here) and its child
+        the agent: the agent may be killed, the watchdog then kills what is left of the job."""
+        self.mark = f"{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+        except OSError as exc:
+            self.note(f"no watchdog ({exc}): a killed agent may leave ranks' children behind")
+            return
+        if pid == 0:
+            os.close(read_fd)
+            self.watch_fd = write_fd
+            os.set_blocking(write_fd, False)
+            return
+        os.close(write_fd)
+        self.sel.close()
+        # The controller's connection belongs to the agent: its end of input and end of output
+        # follow the agent's, not this process's.
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, self.in_fd)
+        os.dup2(devnull, self.out_fd)
+        os.close(devnull)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        job_dir = (self.job or {}).get("dir")
+        code = watchdog(pid, read_fd, self.mark, os.path.join(job_dir, "agent.log") if job_dir else None)
+        os._exit(code)
+
+    def run(self) -> int:
         job = self.read_line()
         if job is None:
             return 1
@@ -603,27 +955,51 @@ class Agent:
             except Exception as exc:
                 self.send(t="error", msg=f"cannot check the host: {exc!r}")
             return 0
+        self.job = job
+        self.fork_watchdog()
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.host_timeout = float(job["host_timeout"]) if job.get("host_timeout") else None
+        self.heartbeat = float(job.get("heartbeat") or 5.0)
+        self.heard_at = self.beat_at = time.monotonic()
+        os.set_blocking(self.out_fd, False)
+        self.out_blocking = False
         try:
             self.start(job)
-        except (OSError, KeyError, TypeError, ValueError) as exc:
+        except (OSError, KeyError, TypeError, ValueError, JobDirError) as exc:
             self.send(t="error", msg=f"cannot start the job: {exc}")
             self.stop()
         os.set_blocking(self.in_fd, False)
         self.sel.register(self.in_fd, selectors.EVENT_READ, None)
+        self.flush()
         self.handle_lines()  # lines that came in with the job line
         while not all(r.reported for r in self.ranks):
             for key, _ in self.sel.select(TAIL_POLL):
                 if key.data is None:
                     self.on_input()
+                elif key.data == "out":
+                    self.flush()
                 else:
                     self.on_output(key.data)
             for rank in self.ranks:
                 if rank.stdin_pending:
                     self.feed(rank)
+            self.check_controller()
+            self.pace()
             self.reap()
             self.escalate()
         self.send(t="bye", left=self.sweep())
+        self.drain(DRAIN_AT_EXIT)
         return 0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # there, but not ours to signal
+    return True
 
 
 def main() -> int:

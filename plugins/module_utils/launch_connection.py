@@ -17,12 +17,17 @@ command line, already quoted by mpirun for a shell) on HOST over that host's own
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
 from typing import Any
 
 SSH = ("ssh", "ansible.builtin.ssh", "smart", "ansible.legacy.ssh")
+# Seconds without a word from a host before the launcher declares it lost (and its agent, not
+# hearing from the launcher for as long, stops its ranks). ssh's keepalives and connect timeout
+# are set within it.
+DEFAULT_HOST_TIMEOUT = 20.0
 LOCAL = ("local", "ansible.builtin.local", "ansible.legacy.local")
 NETNS = ("meshkit.cluster.netns",)
 
@@ -114,8 +119,23 @@ def still_valid(connection: dict[str, Any]) -> str | None:
     return None if pid == connection.get("pid") else f"lab host {connection.get('netns')} was rebuilt"
 
 
+def keepalive_options(host_timeout: float) -> list[str]:
+    """ssh options that end a connection whose server went silent within ``host_timeout``
+    seconds (keepalives through the encrypted channel, answered by sshd itself), and a
+    connection that cannot be set up within it."""
+    interval = max(1, int(host_timeout // 4))
+    count = max(1, int(host_timeout // interval) - 1)
+    return [
+        "-o", f"ServerAliveInterval={interval}",
+        "-o", f"ServerAliveCountMax={count}",
+        "-o", f"ConnectTimeout={max(1, math.ceil(host_timeout))}",
+    ]  # fmt: skip
+
+
 def ssh_argv(connection: dict[str, Any]) -> list[str]:
-    """ssh and its options for an ssh connection, up to (and with) the host name."""
+    """ssh and its options for an ssh connection, up to (and with) the host name. The inventory's
+    own options come first, so they win over meshkit's keepalives (ssh takes an option's first
+    value)."""
     argv = ["ssh", "-T", "-o", "BatchMode=yes"]
     if connection.get("port"):
         argv += ["-p", str(connection["port"])]
@@ -123,7 +143,8 @@ def ssh_argv(connection: dict[str, Any]) -> list[str]:
         argv += ["-l", str(connection["user"])]
     if connection.get("key"):
         argv += ["-i", str(connection["key"])]
-    return [*argv, *(connection.get("args") or []), str(connection["host"])]
+    keepalive = keepalive_options(float(connection.get("host_timeout") or DEFAULT_HOST_TIMEOUT))
+    return [*argv, *(connection.get("args") or []), *keepalive, str(connection["host"])]
 
 
 def nsenter_argv(connection: dict[str, Any]) -> list[str]:

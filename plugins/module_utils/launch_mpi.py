@@ -81,9 +81,12 @@ def mpirun_argv(job: dict[str, Any], log_dir: Path, connections_file: Path, *, m
     return [*argv, "--", *first["argv"]]
 
 
-def host_job(job: dict[str, Any], connections: dict[str, dict[str, Any]], log_dir: Path) -> HostJob:
+def host_job(
+    job: dict[str, Any], connections: dict[str, dict[str, Any]], log_dir: Path, host_timeout: float | None = None
+) -> HostJob:
     """The job's one process, mpirun, run by a local agent on the controller (as rank -1). Writes
-    the MPI hostfile and the hosts' connections (mode 0600) into the log directory."""
+    the MPI hostfile and the hosts' connections (mode 0600) into the log directory; with
+    ``host_timeout``, each ssh connection to an orted gets keepalives within it."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise MpiError(
@@ -93,6 +96,8 @@ def host_job(job: dict[str, Any], connections: dict[str, dict[str, Any]], log_di
     (log_dir / "mpi-hostfile").write_text(hostfile(job))
     connections_file = log_dir / "connections.json"
     with open(os.open(connections_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        if host_timeout is not None:
+            connections = {host: dict(conn, host_timeout=host_timeout) for host, conn in connections.items()}
         handle.write(json.dumps(connections, indent=1) + "\n")
     env = common_env(job)
     argv = mpirun_argv(job, log_dir, connections_file, mpirun=mpirun, as_root=os.geteuid() == 0)
@@ -134,11 +139,17 @@ def rank_tail(log_dir: Path, rank: int, lines: int = 10) -> list[str]:
 # --- what the action and the CLI share ---------------------------------------------------------
 
 
-def hosts_for(job: dict[str, Any], connections: dict[str, dict[str, Any]], token: str, log_dir: Path) -> list[HostJob]:
+def hosts_for(
+    job: dict[str, Any],
+    connections: dict[str, dict[str, Any]],
+    token: str,
+    log_dir: Path,
+    host_timeout: float | None = None,
+) -> list[HostJob]:
     """The job's HostJobs: one agent per host, or for MPI the one mpirun on the controller."""
     if job["runtime"] == "mpi":
-        return [host_job(job, connections, log_dir)]
-    return host_jobs(job, connections, token)
+        return [host_job(job, connections, log_dir, host_timeout)]
+    return host_jobs(job, connections, token, host_timeout)
 
 
 class Lines:

@@ -40,6 +40,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     },
     "timeout": {"type": ["integer", "float"], "min": 0, "coerce": float},
     "grace": {"type": ["integer", "float"], "min": 0, "max": 120, "coerce": float},
+    "host_timeout": {"type": ["integer", "float"], "min": 1, "max": 3600, "coerce": float},
     "cwd": {"type": "string", "nullable": True, "regex": r"^/.*"},
     "mlx_port": {"type": "integer", "min": 1024, "max": 65000, "coerce": int},
 }
@@ -50,6 +51,7 @@ HINTS = {
     "env": "give a mapping of environment variable names to values",
     "timeout": "give seconds (0: no limit)",
     "grace": "give the seconds a stopped rank gets between SIGTERM and SIGKILL (0-120)",
+    "host_timeout": "give the seconds without a word from a host before it counts as lost (1-3600; default 20)",
     "cwd": "give an absolute directory that exists on every host",
     "mlx_port": "use a free TCP port from 1024; MLX ring ranks listen from here upwards",
 }
@@ -356,7 +358,10 @@ def make_job(
         meshccl_port=int(inputs.get("meshccl_port") or 29600),
         bin_dirs=dict(inputs.get("bin_dirs") or {}),
     )
-    return job.as_dict() | {"timeout": settings.get("timeout") or 0, "grace": settings.get("grace", 3.0)}
+    out = job.as_dict() | {"timeout": settings.get("timeout") or 0, "grace": settings.get("grace", 3.0)}
+    if settings.get("host_timeout"):
+        out["host_timeout"] = settings["host_timeout"]
+    return out
 
 
 def record_job(data: dict[str, Any], dest: str | None) -> dict[str, Any]:

@@ -9,6 +9,14 @@ exits non-zero (or a host whose connection drops) stops every rank on every host
 overall timeout and Ctrl-C. A host's agent also stops its ranks by itself when its connection
 closes, so a killed controller leaves nothing behind either.
 
+No host can hold the launcher up: every write to a host's connection is non-blocking, from a
+per-host buffer flushed when the selector says the pipe takes more, so a wedged host (its ssh no
+longer reading) cannot freeze the job timeout, Ctrl-C or the stopping of the other hosts. Both
+ends send heartbeats every ``heartbeat_interval(host_timeout)`` seconds: a host not heard from
+for ``host_timeout`` seconds (a partition: traffic silently dropped) is declared lost, its
+connection killed and every other rank stopped; its agent, not hearing from the controller for
+as long, stops its own ranks.
+
 Used by the ``meshkit.cluster.launch`` action (launch.yml) and by ``meshkit launch``.
 """
 
@@ -29,7 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import nsenter_argv, ssh_argv
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import (
+    DEFAULT_HOST_TIMEOUT,
+    nsenter_argv,
+    ssh_argv,
+)
 
 # Reads the agent's source (10-digit length, then the bytes) from stdin and runs it. Kept free of
 # quotes that a remote shell would mangle; it is quoted as one word anyway.
@@ -47,6 +59,18 @@ BOOTSTRAP = (
 )
 AGENT_SOURCE = Path(__file__).with_name("launch_agent.py")
 TAIL_LINES = 20
+# Input for the ranks is read from the launcher's stdin only while every host's unsent data is
+# below this: a host that does not take its input holds the broadcast up, never the launcher.
+HIGH_WATER = 1 << 20
+# After a stop, seconds (beyond the grace) a host's agent gets to report its ranks' ends before
+# its connection is killed; then a few more before the launcher stops waiting on it at all.
+STOP_SLACK = 10.0
+ABANDON_AFTER_KILL = 3.0
+
+
+def heartbeat_interval(host_timeout: float) -> float:
+    """Seconds between heartbeats, both ways: four chances within the host timeout, at most 5 s."""
+    return max(0.05, min(5.0, host_timeout / 4))
 
 
 def agent_argv(connection: dict[str, Any], python: str) -> list[str]:
@@ -166,11 +190,16 @@ class JobResult:
         return lines
 
 
-def host_jobs(job: dict[str, Any], connections: dict[str, dict[str, Any]], token: str) -> list[HostJob]:
-    """One HostJob per host of the job, ranks with their environment (and the job token)."""
+def host_jobs(
+    job: dict[str, Any], connections: dict[str, dict[str, Any]], token: str, host_timeout: float | None = None
+) -> list[HostJob]:
+    """One HostJob per host of the job, ranks with their environment (and the job token). An ssh
+    connection gets keepalives and a connect timeout within ``host_timeout``."""
     out = []
     for host in dict.fromkeys(r["host"] for r in job["ranks"]):
         conn = connections[host]
+        if host_timeout is not None:
+            conn = dict(conn, host_timeout=host_timeout)
         ranks = []
         for r in job["ranks"]:
             if r["host"] != host:
@@ -199,11 +228,21 @@ class _Host:
         self.job = job
         self.proc = proc
         self.buf = b""
+        self.out = bytearray()  # what the host has not taken yet (written as its pipe takes it)
+        self.writing = False  # its stdin registered with the selector for writing
+        self.input_closed = False  # its stdin is gone (EPIPE): nothing more can be sent
         self.stderr = collections.deque(maxlen=TAIL_LINES)
         self.bye = False
         self.closed_out = False
         self.error: str | None = None
         self.left: list[int] = []
+        self.heard_at = time.monotonic()  # the last time anything came from the host
+        self.killed_at: float | None = None  # its connection was killed (SIGKILL)
+        self.abandoned = False  # no longer waited on: its connection was killed and stayed open
+
+    @property
+    def done(self) -> bool:
+        return self.abandoned or (self.closed_out and self.proc.poll() is not None)
 
 
 class Launcher:
@@ -221,12 +260,16 @@ class Launcher:
         on_line: Callable[[RankState, str], None] | None = None,
         on_event: Callable[[str], None] | None = None,
         partial_flush: float | None = None,
+        host_timeout: float | None = None,
     ) -> None:
         self.hosts_spec = hosts
         self.job_id = job_id
         self.log_dir = Path(log_dir)
         self.timeout = timeout
         self.grace = grace
+        # A host not heard from for this long is lost (and its agent stops its ranks).
+        self.host_timeout = float(host_timeout or DEFAULT_HOST_TIMEOUT)
+        self.heartbeat = heartbeat_interval(self.host_timeout)
         self.stdin = stdin
         self.on_line = on_line or (lambda _r, _line: None)
         self.on_event = on_event or (lambda _text: None)
@@ -306,25 +349,49 @@ class Launcher:
                 "grace": self.grace,
                 "stdin": self.stdin is not None,
                 "ranks": hj.ranks,
+                "host_timeout": self.host_timeout,
+                "heartbeat": self.heartbeat,
             }
-            data = f"{len(source):010d}".encode() + source + (json.dumps(payload) + "\n").encode()
-            try:
-                proc.stdin.write(data)
-                proc.stdin.flush()
-            except OSError as exc:
-                host.error = f"cannot reach the host's agent: {exc}"
-            for stream in (proc.stdout, proc.stderr):
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
                 os.set_blocking(stream.fileno(), False)
+            for stream in (proc.stdout, proc.stderr):
                 self.sel.register(stream, selectors.EVENT_READ, host)
+            self._queue(host, f"{len(source):010d}".encode() + source + (json.dumps(payload) + "\n").encode())
+
+    # --- writing to hosts, never blocking -------------------------------------------------------
+
+    def _queue(self, host: _Host, data: bytes) -> None:
+        if host.input_closed or host.abandoned:
+            return
+        host.out += data
+        self._flush(host)
+
+    def _flush(self, host: _Host) -> None:
+        """Write what the host's pipe takes now; the rest waits for the selector."""
+        fd = host.proc.stdin.fileno() if not host.proc.stdin.closed else -1
+        while host.out and fd >= 0:
+            try:
+                n = os.write(fd, host.out)
+            except BlockingIOError:
+                break
+            except OSError:
+                # The connection is gone (EPIPE): its agent stops its ranks by itself.
+                host.out.clear()
+                host.input_closed = True
+                break
+            del host.out[:n]
+        want = bool(host.out) and not host.input_closed and fd >= 0
+        if want != host.writing:
+            if want:
+                self.sel.register(host.proc.stdin, selectors.EVENT_WRITE, ("write", host))
+            else:
+                self.sel.unregister(host.proc.stdin)
+            host.writing = want
 
     def _send(self, host: _Host, msg: dict[str, Any]) -> None:
-        if host.proc.poll() is not None or host.proc.stdin.closed:
+        if host.proc.poll() is not None:
             return
-        try:
-            host.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            host.proc.stdin.flush()
-        except OSError:
-            pass  # the connection is gone; its agent stops its ranks by itself
+        self._queue(host, (json.dumps(msg) + "\n").encode())
 
     def stop(self, why: str) -> None:
         """Stop every rank on every host (idempotent; the first reason is kept)."""
@@ -379,12 +446,17 @@ class Launcher:
         elif kind == "bye":
             host.bye = True
             host.left = list(msg.get("left") or [])
+        # "hb": a heartbeat; hearing it (any bytes) is all it is for.
 
     def _read(self, stream: Any, host: _Host) -> None:
         try:
             chunk = os.read(stream.fileno(), 1 << 16)
         except BlockingIOError:
             return
+        except OSError:
+            chunk = b""
+        if chunk:
+            host.heard_at = time.monotonic()
         if not chunk:
             self.sel.unregister(stream)
             if stream is host.proc.stdout:
@@ -417,7 +489,7 @@ class Launcher:
         detail = host.error or ("; ".join(list(host.stderr)[-3:]) or f"connection exited with {host.proc.returncode}")
         for rank in lost:
             rank.ended_at = time.monotonic()
-            if self.stopping is not None and self.killed_connections:
+            if self.stopping is not None and self.killed_connections and not host.error:
                 rank.state, rank.error = "stopped", f"connection closed while stopping ({detail})"
             else:
                 rank.state, rank.error = "lost", f"lost the host's agent: {detail}"
@@ -425,10 +497,61 @@ class Launcher:
             self.first_failure = lost[0]
         self.stop(f"{host.job.host}: lost the connection ({detail})")
 
+    def _kill_connection(self, host: _Host) -> None:
+        if host.killed_at is None:
+            host.killed_at = time.monotonic()
+            if host.proc.poll() is None:
+                host.proc.kill()
+
+    def _abandon(self, host: _Host) -> None:
+        """Stop waiting on a host: its pipes are closed here, whatever still holds them there."""
+        if host.abandoned:
+            return
+        host.abandoned = True
+        host.out.clear()
+        for stream in (host.proc.stdin, host.proc.stdout, host.proc.stderr):
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(stream)
+            with contextlib.suppress(OSError):
+                stream.close()
+        host.writing = False
+        self._host_gone(host)
+
+    def _host_silent(self, host: _Host) -> None:
+        """Nothing from the host for host_timeout seconds: a partition, or a hung host or connection."""
+        host.error = f"no word from its agent for {self.host_timeout:g} s (a network partition, or the host hung)"
+        self.on_event(
+            f"{host.job.host}: {host.error}; its ranks there are stopped by its agent once it has not heard "
+            f"from the launcher for {self.host_timeout:g} s"
+        )
+        self._host_gone(host)  # its ranks are lost; every other rank is stopped
+        self._kill_connection(host)
+        self._abandon(host)
+
+    def _supervise_hosts(self, now: float) -> None:
+        for host in self.hosts:
+            if host.done:
+                continue
+            if host.closed_out and host.proc.poll() is not None:
+                continue
+            if now - host.heard_at > self.host_timeout:
+                self._host_silent(host)
+            elif host.killed_at is not None and now - host.killed_at > ABANDON_AFTER_KILL:
+                # Killed, yet its output stays open (a process beyond the one the launcher started
+                # holds it): nothing more will come that the launcher can wait for.
+                host.error = host.error or "its connection did not close after it was killed"
+                self._abandon(host)
+
     def _stdin_ready(self) -> None:
-        data = os.read(self.stdin.fileno(), 65536)
+        try:
+            data = os.read(self.stdin.fileno(), 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
         if not data:
             self.sel.unregister(self.stdin)
+            self.stdin_done = True
             for host in self.hosts:
                 self._send(host, {"t": "stdin_eof"})
             return
@@ -436,10 +559,32 @@ class Launcher:
         for host in self.hosts:
             self._send(host, {"t": "stdin", "d": text})
 
+    def _pace_stdin(self) -> None:
+        """Read the launcher's stdin only while every host takes its input (see HIGH_WATER)."""
+        if self.stdin is None or self.stdin_done:
+            return
+        full = any(len(h.out) > HIGH_WATER for h in self.hosts if not h.done)
+        if full and not self.stdin_paused:
+            self.sel.unregister(self.stdin)
+            self.stdin_paused = True
+        elif not full and self.stdin_paused:
+            self.sel.register(self.stdin, selectors.EVENT_READ, "stdin")
+            self.stdin_paused = False
+
+    def _heartbeats(self, now: float) -> None:
+        if now - self.beat_at < self.heartbeat:
+            return
+        self.beat_at = now
+        for host in self.hosts:
+            if not host.done and len(host.out) <= HIGH_WATER:
+                self._send(host, {"t": "hb"})
+
     def run(self) -> JobResult:
         self.t0 = time.monotonic()
         self.all_running: float | None = None
         self.sel = selectors.DefaultSelector()
+        self.stdin_done = self.stdin_paused = False
+        self.beat_at = self.t0
         self._open_logs()
         interrupted = False
         previous = signal.getsignal(signal.SIGINT)
@@ -452,19 +597,25 @@ class Launcher:
             for host in self.hosts:
                 if host.error:
                     self.stop(f"{host.job.host}: {host.error}")
-            # A host is done when its connection exited and its stdout closed. Not stderr: an ssh
-            # that started a persistent master leaves that master holding stderr open.
-            while any(h.proc.poll() is None or not h.closed_out for h in self.hosts):
+            # A host is done when its connection exited and its stdout closed (not stderr: an ssh
+            # that started a persistent master leaves that master holding stderr open), or when
+            # the launcher gave up on it (lost, or killed and still open).
+            while not all(h.done for h in self.hosts):
                 for key, _ in self.sel.select(0.05):
                     if key.data == "stdin":
                         self._stdin_ready()
-                    else:
+                    elif isinstance(key.data, tuple):
+                        self._flush(key.data[1])
+                    elif not key.data.abandoned:
                         self._read(key.fileobj, key.data)
-                for host in self.hosts:
-                    if host.closed_out and host.proc.poll() is not None:
-                        self._host_gone(host)
-                self._flush_partials()
                 now = time.monotonic()
+                for host in self.hosts:
+                    if not host.abandoned and host.closed_out and host.proc.poll() is not None:
+                        self._host_gone(host)
+                self._supervise_hosts(now)
+                self._heartbeats(now)
+                self._pace_stdin()
+                self._flush_partials()
                 if self.timeout and self.stopping is None and now - self.t0 > self.timeout:
                     self.stop(f"timeout after {self.timeout:g} s")
                 if self._interrupted and self.stopping is None:
@@ -473,14 +624,14 @@ class Launcher:
                 if (
                     self.stop_sent_at is not None
                     and not self.killed_connections
-                    and now - self.stop_sent_at > self.grace + 10
+                    and now - self.stop_sent_at > self.grace + STOP_SLACK
                 ):
                     # Agents that do not finish stopping: closing their connections makes them
                     # SIGKILL what is left (end of input), and ssh goes with it.
                     self.killed_connections = True
                     for host in self.hosts:
-                        if host.proc.poll() is None:
-                            host.proc.kill()
+                        if not host.done:
+                            self._kill_connection(host)
             for host in self.hosts:
                 self._host_gone(host)
         finally:
@@ -491,7 +642,7 @@ class Launcher:
                     host.proc.kill()
                     host.proc.wait()
                 for stream in (host.proc.stdin, host.proc.stdout, host.proc.stderr):
-                    with contextlib.suppress(OSError):
+                    with contextlib.suppress(OSError, ValueError):
                         stream.close()
             self._flush_partials(force=True)
             self._close_logs()

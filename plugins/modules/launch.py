@@ -17,6 +17,12 @@ description:
   - The first rank that exits non-zero, a host whose connection drops, the timeout, stop every rank on every host
     (SIGTERM, SIGKILL after O(grace) seconds, then anything the ranks left behind). The task then fails naming the
     failed ranks, their exit codes and their last lines.
+  - A host not heard from for O(host_timeout) seconds (a network partition drops traffic without closing the
+    connection) is lost: every other rank is stopped at once and the task fails naming the host; that host's
+    supervisor stops its ranks when it has not heard from the controller for as long. ssh connections get keepalives
+    and a connect timeout within it. No write to one host can hold the others, the timeout or Ctrl-C up.
+  - The ranks run as the user the connection logs in as (O(job)'s directory on each host is that user's own, mode
+    0700, in C(<state_dir>/jobs), which setup.yml makes sticky and world-writable).
   - The ranks' output is shown prefixed C([rank|host]) as it comes and kept per rank on the controller, with a
     C(summary.json), in the job's directory.
   - C(MESHCCL_TOKEN), a fresh random job token, is given to meshccl ranks and written nowhere.
@@ -45,6 +51,12 @@ options:
     type: float
   grace:
     description: Seconds between SIGTERM and SIGKILL when ranks are stopped.
+    type: float
+  host_timeout:
+    description:
+      - Seconds without a word from a host (heartbeats go both ways every quarter of it, at most every 5 s) before
+        the host counts as lost. The job's own (launch_plan's C(host_timeout) setting) by default, else launch.yml's
+        C(launch_host_timeout), else 20.
     type: float
   prepare_to:
     description: Start nothing; write the checked job and every host's connection to this file (what C(meshkit launch)

@@ -31,11 +31,13 @@ options:
     type: dict
     required: true
   settings:
-    description: "The launch settings: program, runtime, ranks_per_host, env, timeout, grace, cwd, mlx_port."
+    description: "The launch settings: program, runtime, ranks_per_host, env, timeout, grace, host_timeout, cwd,
+      mlx_port."
     type: dict
     required: true
   state_dir:
-    description: meshkit's state directory on the hosts; the job's files go to C(<state_dir>/jobs/<job id>).
+    description: meshkit's state directory on the hosts; the job's files go to C(<state_dir>/jobs/<job id>) (made
+      0700 by the launching user, inside C(<state_dir>/jobs), which setup.yml makes sticky and world-writable).
     type: str
     required: true
   cluster:

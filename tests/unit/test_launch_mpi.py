@@ -102,9 +102,12 @@ def test_rsh_agent_runs_the_words_over_the_hosts_connection(tmp_path):
 
 
 def test_shell_argv_per_connection_kind():
-    ssh = {"kind": "ssh", "host": "10.0.0.2", "port": 2222, "user": "root", "key": "/k", "args": ["-o", "A=b"]}
+    ssh = {"kind": "ssh", "host": "10.0.0.2", "port": 2222, "user": "root", "key": "/k", "args": ["-o", "A=b"],
+           "host_timeout": 12}  # fmt: skip
+    # An orted's connection gets the keepalives of the job's host timeout too.
     assert launch_connection.shell_argv(ssh, "orted x") == [
-        "ssh", "-T", "-o", "BatchMode=yes", "-p", "2222", "-l", "root", "-i", "/k", "-o", "A=b", "10.0.0.2", "orted x",
+        "ssh", "-T", "-o", "BatchMode=yes", "-p", "2222", "-l", "root", "-i", "/k", "-o", "A=b",
+        "-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=12", "10.0.0.2", "orted x",
     ]  # fmt: skip
     assert launch_connection.shell_argv({"kind": "nsenter", "pid": 7}, "c")[-3:] == ["sh", "-c", "c"]
     assert launch_connection.shell_argv({"kind": "local"}, "c") == ["sh", "-c", "c"]

@@ -73,6 +73,8 @@ def plan_job(plan: dict[str, Any], **given: Any) -> Any:
         ({"program": "x", "env": {"BAD-NAME": "v"}}, "launch_env", "does not match regex"),
         ({"program": "x", "grace": 500}, "launch_grace = 500", "max value is 120"),
         ({"program": "x", "timeout": -1}, "launch_timeout = -1", "min value is 0"),
+        ({"program": "x", "host_timeout": 0}, "launch_host_timeout = 0", "min value is 1"),
+        ({"program": "x", "host_timeout": "soon"}, "launch_host_timeout = 'soon'", "without a word from a host"),
         ({"program": "x", "cwd": "relative/dir"}, "launch_cwd = 'relative/dir'", "absolute directory"),
         ({"program": "x", "mlx_port": 80}, "launch_mlx_port = 80", "min value is 1024"),
     ],
@@ -116,6 +118,7 @@ def test_env_values_become_strings_and_numbers_are_coerced() -> None:
             "timeout": 10,
             "grace": "1.5",
             "mlx_port": "40000",
+            "host_timeout": "7",
         }
     )
     assert out["env"] == {"A": "1", "B": "2.5", "C": "1", "D": "0", "E": "text"}
@@ -123,6 +126,7 @@ def test_env_values_become_strings_and_numbers_are_coerced() -> None:
     assert out["timeout"] == 10.0 and isinstance(out["timeout"], float)
     assert out["grace"] == 1.5
     assert out["mlx_port"] == 40000
+    assert out["host_timeout"] == 7.0
 
 
 def test_unset_variables_are_left_out_and_cwd_may_be_null() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -15,12 +16,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_plan
+from ansible_collections.meshkit.cluster.plugins.module_utils import launch_plan, launcher
 from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import (
     AGENT_SOURCE,
     BOOTSTRAP,
@@ -370,11 +371,14 @@ def test_a_host_whose_connection_talks_nonsense(tmp_path: Path, job_id: str) -> 
     assert settled(job_id) == []
 
 
-def agent_alone(job_id: str, job_dir: Path, ranks: list[dict[str, Any]]) -> subprocess.Popen:
-    """An agent started as the launcher starts it, given its job; its stdin stays open."""
-    proc = subprocess.Popen(LOCAL, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+def agent_alone(
+    job_id: str, job_dir: Path, ranks: list[dict[str, Any]], *, stderr: int | None = None, **more: Any
+) -> subprocess.Popen:
+    """An agent started as the launcher starts it, given its job (``more``: further job fields);
+    its stdin stays open."""
+    proc = subprocess.Popen(LOCAL, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
     source = AGENT_SOURCE.read_bytes()
-    job = {"job": job_id, "dir": str(job_dir), "files": {}, "grace": 0.5, "stdin": False, "ranks": ranks}
+    job = {"job": job_id, "dir": str(job_dir), "files": {}, "grace": 0.5, "stdin": False, "ranks": ranks, **more}
     assert proc.stdin is not None
     proc.stdin.write(f"{len(source):010d}".encode() + source + (json.dumps(job) + "\n").encode())
     proc.stdin.flush()
@@ -389,7 +393,7 @@ def finish(proc: subprocess.Popen, within: float = 10.0) -> list[dict[str, Any]]
         proc.kill()
         proc.wait()
         pytest.fail(f"the agent did not finish within {within:g} s of the end of its input")
-    return [json.loads(line) for line in out.decode().splitlines()]
+    return [m for m in map(json.loads, out.decode().splitlines()) if m["t"] != "hb"]
 
 
 def rank_spec(job_id: str, rank: int, argv: list[str], cwd: str | None = None) -> dict[str, Any]:
@@ -405,16 +409,107 @@ def test_a_controller_that_goes_away_stops_the_ranks(tmp_path: Path, job_id: str
     assert settled(job_id) == []
 
 
-def test_a_killed_agent_takes_its_ranks_with_it(tmp_path: Path, job_id: str) -> None:
-    proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, SLEEP), rank_spec(job_id, 1, SLEEP)])
+def messages_until(proc: subprocess.Popen, done: Callable[[dict[str, Any]], bool], within: float = 10.0) -> list[dict]:
+    """The agent's messages up to the first one ``done`` accepts (the test fails after ``within`` s)."""
+    assert proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(json.loads(line))
+        if done(seen[-1]):
+            return seen
+    pytest.fail(f"the agent did not say it within {within:g} s: {seen}")
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+
+def alive(pid: int) -> bool:
+    """A process that is there and not a zombie."""
     try:
-        assert proc.stdout is not None
-        started = [json.loads(proc.stdout.readline()) for _ in range(2)]
-        assert [m["t"] for m in started] == ["started", "started"]
-        assert len(job_pids(job_id)) == 2
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
+
+
+# A rank that leaves a child and a grandchild in its process group, a daemon (double fork, setsid)
+# and a daemon that also drops its environment (no marker: found only as a descendant), then waits.
+FAMILY = r"""
+import os, subprocess, sys, time
+where = sys.argv[1]
+subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
+for name, env in (("daemon", dict(os.environ)), ("bare", {})):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(f"{where}/{name}-{os.environ['MESHKIT_RANK']}.pid", "w") as handle:
+                handle.write(str(os.getpid()))
+            os.execve("/bin/sleep", ["sleep", "600"], env)
+        os._exit(0)
+while len([n for n in os.listdir(where) if n.endswith(f"-{os.environ['MESHKIT_RANK']}.pid")]) < 2:
+    time.sleep(0.01)
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_agent_leaves_nothing_of_its_ranks(tmp_path: Path, job_id: str) -> None:
+    """SIGKILL to the agent: its ranks die (PR_SET_PDEATHSIG), and its watchdog (the process the
+    connection started, a subreaper) kills their children, grandchildren and daemons, even one
+    without the job's environment."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    ranks = [
+        {"rank": r, "argv": [sys.executable, "-c", FAMILY, str(pids)],
+         "env": {"MESHKIT_JOB_ID": job_id, "MESHKIT_RANK": str(r)}, "cwd": None}
+        for r in (0, 1)
+    ]  # fmt: skip
+    proc = agent_alone(job_id, tmp_path / "job", ranks, stderr=subprocess.PIPE)
+    try:
+        ups: list[int] = []
+        seen = messages_until(proc, lambda m: m["t"] == "out" and len(ups.append(m["r"]) or ups) == 2)
+        rank_pids = [m["pid"] for m in seen if m["t"] == "started"]
+        agent = parent_of(rank_pids[0])
+        assert agent != proc.pid and parent_of(agent) == proc.pid  # the agent is the watchdog's child
+        daemons = [int(p.read_text()) for p in pids.iterdir()]
+        assert len(daemons) == 4 and all(alive(pid) for pid in daemons)
+        assert len(job_pids(job_id)) == 2 * 4  # rank, sh, sleep, daemon; the bare daemon has no env
+        killed_at = time.monotonic()
+        os.kill(agent, signal.SIGKILL)
+        left = settled(job_id, within=10)
+        gone_after = time.monotonic() - killed_at
+        assert left == [], left
+        assert not any(alive(pid) for pid in daemons)
+        code = proc.wait(timeout=10)
     finally:
-        proc.kill()  # no chance to stop anything: PR_SET_PDEATHSIG does it
-        proc.communicate()
+        if proc.poll() is None:
+            proc.kill()
+        _out, err = proc.communicate()
+    assert code == 128 + signal.SIGKILL  # the watchdog reports how the agent ended
+    text = err.decode()
+    assert f"meshkit agent (pid {agent}) killed by SIGKILL; its watchdog killed" in text, text
+    assert "killed by SIGKILL" in (tmp_path / "job" / "agent.log").read_text()
+    print(f"agent SIGKILL to nothing left: {gone_after:.2f} s")
+    assert gone_after < 5
+
+
+def test_a_killed_watchdog_leaves_the_agent_in_charge(tmp_path: Path, job_id: str) -> None:
+    """The process the connection started (the watchdog) killed: the agent still runs the job and
+    stops it at the end of its input."""
+    proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, SLEEP)])
+    messages_until(proc, lambda m: m["t"] == "started")
+    proc.kill()
+    messages = finish(proc)
+    assert [m["t"] for m in messages] == ["exit", "bye"] and messages[0]["stopped"] is True
     assert settled(job_id) == []
 
 
@@ -491,11 +586,20 @@ def test_agent_argv_ssh_quotes_the_remote_command_as_one_word_list() -> None:
     assert argv[argv.index("-p") + 1] == "2222"
     assert argv[argv.index("-l") + 1] == "ops"
     assert argv[argv.index("-i") + 1] == "/home/ops/.ssh/id_ed25519"
-    assert argv[-4:-2] == ["-o", "StrictHostKeyChecking=accept-new"]
+    # The inventory's options, then meshkit's keepalives and connect timeout (ssh takes an option's
+    # first value, so the inventory's own ServerAliveInterval would win).
+    assert argv[-10:-2] == [
+        "-o", "StrictHostKeyChecking=accept-new",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=20",
+    ]  # fmt: skip
     assert argv[-2] == "10.9.0.3"
     assert shlex.split(argv[-1]) == ["/opt/py 3/bin/python3", "-u", "-c", BOOTSTRAP]
-    bare = agent_argv({"kind": "ssh", "host": "node1"}, "python3")
-    assert bare == ["ssh", "-T", "-o", "BatchMode=yes", "node1", shlex.join(["python3", "-u", "-c", BOOTSTRAP])]
+    bare = agent_argv({"kind": "ssh", "host": "node1", "host_timeout": 8}, "python3")
+    assert bare == [
+        "ssh", "-T", "-o", "BatchMode=yes",
+        "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=8",
+        "node1", shlex.join(["python3", "-u", "-c", BOOTSTRAP]),
+    ]  # fmt: skip
 
 
 def test_bootstrap_runs_the_agent_through_a_shell(tmp_path: Path, job_id: str) -> None:
@@ -556,3 +660,157 @@ def test_a_planned_job_runs_end_to_end(tmp_path: Path, job_id: str) -> None:
     assert result.ok, result.summary()
     assert [r.tail[-1] for r in result.ranks] == [f"rank {i} of 6" for i in range(6)]
     assert json.loads((tmp_path / "state" / "jobs" / job_id / "meshccl.json").read_text())["world_size"] == 6
+
+
+# ---- a host that does not take what is sent, or says nothing ---------------------------------------
+
+
+@contextlib.contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Fail (instead of hanging) when the block takes longer than ``seconds``: SIGALRM interrupts
+    even a blocking write."""
+
+    def _late(_sig: int, _frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _late)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# A "host" whose connection never reads what is sent to it and never answers (its ssh wedged).
+WEDGED = ["sleep", "600"]
+BIG = {"big.bin": "x" * (4 << 20)}  # the job's files: far beyond what a pipe holds
+
+
+def wedged_hosts(tmp_path: Path, job_id: str, argvs: list[list[str]]) -> list[HostJob]:
+    hosts = hosts_for(tmp_path, job_id, argvs, argv={"hostB": WEDGED})
+    hosts[1].files = dict(BIG)
+    return hosts
+
+
+def test_a_wedged_host_cannot_hold_up_the_job_timeout(
+    tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The host timeout is far away: only the job timeout, then killing the connection that does
+    # not finish stopping, end the launch.
+    monkeypatch.setattr(launcher, "STOP_SLACK", 1.0)
+    started = time.monotonic()
+    with within(30):
+        result = launch(
+            tmp_path, job_id, [], hosts=wedged_hosts(tmp_path, job_id, [SLEEP] * 4), timeout=1, host_timeout=600
+        )
+    took = time.monotonic() - started
+    assert result.reason == "timeout after 1 s"
+    assert [r.state for r in result.ranks] == ["timeout", "timeout", "stopped", "stopped"]
+    assert all("connection closed while stopping" in (r.error or "") for r in result.ranks[2:])
+    assert took < 1 + 1.0 + 1.0 + 5  # timeout + grace + slack, and a little
+    assert settled(job_id) == []
+
+
+def test_a_silent_host_is_lost_after_the_host_timeout_and_every_other_rank_stops(tmp_path: Path, job_id: str) -> None:
+    events: list[str] = []
+    started = time.monotonic()
+    with within(30):
+        result = launch(
+            tmp_path,
+            job_id,
+            [],
+            hosts=wedged_hosts(tmp_path, job_id, [SLEEP] * 4),
+            host_timeout=2,
+            on_event=events.append,
+        )
+    took = time.monotonic() - started
+    assert not result.ok
+    assert [r.state for r in result.ranks] == ["stopped", "stopped", "lost", "lost"]
+    assert result.reason.startswith("rank 2 (hostB) lost the host's agent: no word from its agent for 2 s"), (
+        result.reason
+    )
+    assert "hostB" in result.host_errors and "no word from its agent" in result.host_errors["hostB"]
+    assert any(e.startswith("hostB: no word from its agent for 2 s") for e in events), events
+    assert 2 <= took < 2 + 1.0 + 4  # the host timeout, the others' grace, and a little
+    assert settled(job_id) == []
+
+
+def test_ctrl_c_ends_a_launch_whose_host_takes_no_input(
+    tmp_path: Path, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8 MiB typed for the ranks: the wedged host takes none of it. Ctrl-C (SIGINT to the launcher)
+    # once hostA's ranks are up still ends the launch.
+    monkeypatch.setattr(launcher, "STOP_SLACK", 1.0)
+    stdin, write_fd = pipe()
+
+    def type_in() -> None:
+        with contextlib.suppress(OSError):  # EPIPE: the launcher is done and its stdin closed
+            os.write(write_fd, b"y" * (8 << 20))
+        os.close(write_fd)
+
+    writer = threading.Thread(target=type_in)
+    writer.start()
+    ups: list[int] = []
+
+    def on_line(rank: RankState, line: str) -> None:
+        ups.append(rank.rank)
+        if len(ups) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    argvs = [sh("echo up; exec sleep 60")] * 4
+    with stdin, within(30):
+        result = launch(
+            tmp_path, job_id, [], hosts=wedged_hosts(tmp_path, job_id, argvs), stdin=stdin, on_line=on_line,
+            host_timeout=600,
+        )  # fmt: skip
+    writer.join(timeout=10)
+    assert not writer.is_alive()
+    assert result.reason == "interrupted (Ctrl-C)"
+    assert [r.state for r in result.ranks[:2]] == ["stopped", "stopped"]
+    assert result.wall < 1 + 1.0 + 5
+    assert settled(job_id) == []
+
+
+def test_an_agent_that_hears_nothing_stops_its_ranks(tmp_path: Path, job_id: str) -> None:
+    """A partition closes nothing: the agent stops its ranks when the controller has been silent
+    for host_timeout seconds, though its input stays open and nobody reads its output (a rank
+    writing without pause fills that pipe: the agent must not block on it)."""
+    ranks = [rank_spec(job_id, 0, SLEEP), rank_spec(job_id, 1, ["yes", "flood"])]
+    proc = agent_alone(job_id, tmp_path / "job", ranks, host_timeout=1.5, heartbeat=0.3)
+    try:
+        started = time.monotonic()
+        # Wait for the ranks to have started (their pids carry the job), then read nothing more.
+        deadline = time.monotonic() + 10
+        while len(job_pids(job_id)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(job_pids(job_id)) == 2
+        assert settled(job_id, within=10) == []
+        took = time.monotonic() - started
+        assert 1.5 <= took < 1.5 + 0.5 + 3, took  # the host timeout, the grace, a little
+        log = (tmp_path / "job" / "agent.log").read_text()
+        assert "no word from the controller for 1.5 s: stopping every rank of this host" in log, log
+        assert proc.wait(timeout=15) == 0  # it ends by itself, its last messages dropped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_an_agent_that_hears_heartbeats_keeps_its_ranks(tmp_path: Path, job_id: str) -> None:
+    proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, SLEEP)], host_timeout=1.0, heartbeat=0.25)
+    assert proc.stdin is not None
+    try:
+        seen = messages_until(proc, lambda m: m["t"] == "started")
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            proc.stdin.write(b'{"t": "hb"}\n')
+            proc.stdin.flush()
+            time.sleep(0.2)
+        assert len(job_pids(job_id)) == 1  # three host timeouts later, still running
+        seen += messages_until(proc, lambda m: m["t"] == "hb")  # the agent's own heartbeat
+    finally:
+        messages = finish(proc)
+    assert [m["t"] for m in seen[:1]] == ["started"]
+    assert [m["t"] for m in messages] == ["exit", "bye"] and messages[0]["stopped"] is True
+    assert settled(job_id) == []
