@@ -27,6 +27,10 @@ def apply(module: Any, run, commands: list[list[str]]) -> list[dict[str, Any]]:
             continue
         rc, _out, err = run(argv)
         done.append({"cmd": argv, "rc": rc})
+        # macOS route(8) exits 0 when the routing socket refuses ("File exists", "not in table"):
+        # only its stderr tells (recorded: tests/fixtures/macos/route_*_stdout_macos26vm.txt).
+        if rc == 0 and argv[0] == "route" and err.strip():
+            rc = 1
         if rc != 0:
             module.fail_json(msg=f"{' '.join(argv)} failed (rc={rc}): {err.strip()}", commands=commands, done=done)
     return done

@@ -11,8 +11,11 @@ short_description: Take peer ports out of the Thunderbolt bridge and disable the
 description:
   - On Linux, every member of O(bridge) that matches O(peer_ports) (all members when empty) leaves the bridge
     (C(ip link set dev X nomaster)); a bridge left with no members is brought down.
-  - On macOS, the members of O(bridge) are removed (C(ifconfig bridge0 deletem enX)) and the
-    C(Thunderbolt Bridge) network service is disabled, which persists across reboots.
+  - On macOS, the members of O(bridge) are removed now (C(ifconfig bridge0 deletem enX)) and from the member
+    list macOS saves for the bridge (C(VirtualNetworkInterfaces) in
+    C(/Library/Preferences/SystemConfiguration/preferences.plist), emptied with C(PlistBuddy)), and the
+    C(Thunderbolt Bridge) network service is disabled; both are saved, so the ports stay out of the bridge after
+    a reboot.
   - Refuses, with no change at all, when the management connection runs over the bridge or one of its members.
   - On Linux the change is made at runtime with C(ip) and persisted through systemd-networkd or NetworkManager
     where the host runs one (O(persist)); the result's C(persistence) says which.
@@ -97,6 +100,11 @@ persistence:
   description: How the change survives a reboot.
   returned: always
   type: str
+notes:
+  description: What could not be made to survive a reboot on this host, and why.
+  returned: always
+  type: list
+  elements: str
 """
 
 import platform
@@ -130,7 +138,7 @@ def main() -> None:
             state = macos.read_bridge_state(run, p["bridge"], p["service"])
             mgmt = find_management_interface(module, run, darwin=True)
             plan = macos.plan_bridge(state, p["bridge"], p["service"], mgmt)
-            persistence = f"the '{p['service']}' service stays disabled across reboots"
+            persistence = plan["persistence"]
         else:
             all_links = linux_net.links(run)
             mgmt = find_management_interface(module, run, darwin=False)
@@ -163,6 +171,7 @@ def main() -> None:
         "commands": plan["commands"],
         "management_interface": mgmt,
         "persistence": persistence,
+        "notes": plan.get("notes", []),
         "files": [c["path"] for c in file_changes],
     }
     if plan["refused"]:

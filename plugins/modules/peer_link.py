@@ -12,9 +12,10 @@ description:
   - Linux - C(ip addr) with the planned /30 on each port, C(ip route replace <peer>/32 dev <port>), the MTU when
     asked, the port up. Addresses from the pool on peer ports that no longer have a cable are removed; addresses
     outside the pool are never touched. Runtime configuration.
-  - macOS - a network service per port (the existing one for the device, or C(meshkit enX)) set to a manual
-    address (C(networksetup -setmanual)), which persists; the MTU (C(networksetup -setMTU)); a host route to the
-    peer out of that port (C(route add -host)).
+  - macOS - a network service per port (the existing one for the device, enabled, or C(meshkit enX) on the port's
+    hardware port) set to a manual address with no router (C(networksetup -setmanual)), and the MTU
+    (C(networksetup -setMTU)); both are saved and come back at boot, with the port's /30. A host route to the peer
+    out of that port (C(route add -host)) is runtime only; C(notes) says so whenever one is added.
   - Never touches the management interface.
 version_added: 0.1.0
 author: meshkit contributors
@@ -127,9 +128,10 @@ def main() -> None:
     try:
         if platform.system() == "Darwin":
             mgmt = find_management_interface(module, run, darwin=True)
-            if any(port["port"] == mgmt for port in p["ports"]):
-                module.fail_json(msg=f"the plan puts a cable address on the management interface {mgmt}; refusing")
-            commands = macos.plan_peer_links(run, p["ports"], p["mtu"])
+            plan = macos.plan_peer_links(run, p["ports"], p["mtu"], mgmt)
+            if plan["refused"]:
+                module.fail_json(msg=plan["refused"], changed=False, commands=[])
+            commands, notes, persistence = plan["commands"], plan["notes"], plan["persistence"]
         else:
             all_links = linux_net.links(run)
             addrs = linux_net.addresses(run)

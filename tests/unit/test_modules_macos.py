@@ -372,3 +372,18 @@ def test_peer_link_failing_command_stops_and_is_named(mac):
         "** Error: The parameters were not valid."
     )
     assert result["done"] == [{"cmd": list(create), "rc": 4}]
+
+
+def test_peer_link_a_route_that_fails_with_exit_0_is_a_failure(mac):
+    # route(8) exits 0 when the routing socket refuses; only stderr says so (recorded on macOS 26).
+    add = ("route", "-n", "add", "-host", "198.18.128.2", "-interface", "en1")
+    refused = (
+        0,
+        real("route_add_net_exists_stdout_macos26vm.txt")[1],
+        "route: writing to routing socket: File exists\n",
+    )
+    result, fake = mac(peer_link, PEER_ARGS, {**FRESH_ANSWERS, add: refused}, expect=FailJson)
+    assert fake.mutating[-1] == list(add)  # nothing after it ran
+    assert result["msg"] == (
+        "route -n add -host 198.18.128.2 -interface en1 failed (rc=1): route: writing to routing socket: File exists"
+    )
