@@ -401,3 +401,10 @@ def test_a_record_others_may_write_is_not_used_and_saving_leaves_no_temporary(tm
     path.parent.chmod(0o777)
     with pytest.raises(Stale, match="others may write it"):
         launch_fast.load(path, "k")
+
+
+def test_the_job_carries_the_host_timeout_when_one_is_given() -> None:
+    plain = launch_plan.validate({"program": "true", "runtime": "plain"})
+    assert "host_timeout" not in launch_plan.make_job(PLAN, plain, INPUTS, job_id="j")  # the launcher's default
+    given = launch_plan.validate({"program": "true", "runtime": "plain", "host_timeout": "45"})
+    assert launch_plan.make_job(PLAN, given, INPUTS, job_id="j")["host_timeout"] == 45.0

@@ -10,9 +10,11 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_plan, launcher
+from ansible_collections.meshkit.cluster.plugins.module_utils import launch_agent, launch_plan, launcher
 from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import (
     AGENT_SOURCE,
     BOOTSTRAP,
@@ -813,4 +815,109 @@ def test_an_agent_that_hears_heartbeats_keeps_its_ranks(tmp_path: Path, job_id: 
         messages = finish(proc)
     assert [m["t"] for m in seen[:1]] == ["started"]
     assert [m["t"] for m in messages] == ["exit", "bye"] and messages[0]["stopped"] is True
+    assert settled(job_id) == []
+
+
+# ---- ranks of a non-root login user --------------------------------------------------------------
+
+NOBODY = 65534
+
+
+def test_the_job_directory_is_the_users_own_in_a_shared_sticky_parent(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    job = state / "jobs" / "j1"
+    launch_agent.job_directory(str(job))
+    # Missing, the shared parent is made as setup.yml makes it (sticky, world-writable: root here).
+    assert (state / "jobs").stat().st_mode & 0o7777 == 0o1777
+    assert job.stat().st_mode & 0o7777 == 0o700 and job.stat().st_uid == os.geteuid()
+    launch_agent.job_directory(str(job))  # the same job id again: its own private directory, kept
+
+    squatted = state / "jobs" / "j2"
+    squatted.mkdir(mode=0o700)
+    os.chown(squatted, NOBODY, NOBODY)
+    with pytest.raises(
+        launch_agent.JobDirError, match=rf"j2 exists and is not a private directory of .*owner uid {NOBODY}"
+    ):
+        launch_agent.job_directory(str(squatted))
+    (state / "jobs" / "j3").symlink_to(tmp_path)
+    with pytest.raises(launch_agent.JobDirError, match=r"j3 exists and is not a private directory .*\(not a directory"):
+        launch_agent.job_directory(str(state / "jobs" / "j3"))
+    (state / "jobs" / "j4").mkdir(mode=0o755)
+    os.chmod(state / "jobs" / "j4", 0o755)
+    with pytest.raises(launch_agent.JobDirError, match=r"mode 0755\); nothing was started"):
+        launch_agent.job_directory(str(state / "jobs" / "j4"))
+
+
+@pytest.fixture
+def shared_state() -> Iterator[Path]:
+    """A state directory another user can reach (pytest's own tmp_path is root's only)."""
+    base = Path(tempfile.mkdtemp(prefix="meshkit-state-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def host_python_for(uid: int) -> str:
+    """A Python another user may run (this venv's may live under /root)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        login = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        probe = subprocess.run([*login, candidate, "-c", ""], capture_output=True, check=False)
+        if probe.returncode == 0:
+            return candidate
+    pytest.fail("no python3 that uid 65534 can run (/usr/bin/python3); install python3")
+
+
+def as_nobody(tmp_path: Path, job_id: str, state: Path, argvs: list[list[str]]) -> list[HostJob]:
+    login = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+    argv = [*login, host_python_for(NOBODY), "-u", "-c", BOOTSTRAP]
+    hosts = hosts_for(tmp_path, job_id, argvs, argv={"hostA": argv, "hostB": argv})
+    for hj in hosts:
+        hj.job_dir = str(state / "jobs" / job_id / hj.host)  # each "host" its own (one machine)
+        hj.files = {"hello.txt": f"for {hj.host}\n"}
+    return hosts
+
+
+def test_ranks_run_as_the_login_user_in_a_job_directory_of_their_own(
+    tmp_path: Path, job_id: str, shared_state: Path
+) -> None:
+    # What setup.yml leaves: <state_dir> root's (0755), <state_dir>/jobs sticky and world-writable.
+    (shared_state / "jobs").mkdir(mode=0o755)
+    (shared_state / "jobs").chmod(0o1777)
+    (shared_state / "jobs" / job_id).mkdir()  # the two "hosts" of this machine share a level
+    (shared_state / "jobs" / job_id).chmod(0o1777)
+    argvs = [sh('echo "uid $(id -u) $(cat hello.txt)"')] * 4
+    hosts = as_nobody(tmp_path, job_id, shared_state, argvs)
+    for hj in hosts:
+        for r in hj.ranks:
+            r["cwd"] = hj.job_dir
+    result = launch(tmp_path, job_id, [], hosts=hosts)
+    assert result.ok, result.summary()
+    assert [r.tail[-1] for r in result.ranks] == [f"uid {NOBODY} for {HOSTS[i // 2]}" for i in range(4)]
+    for i, host in enumerate(HOSTS):
+        where = shared_state / "jobs" / job_id / host
+        made = where.stat()
+        assert (made.st_uid, made.st_mode & 0o7777) == (NOBODY, 0o700)
+        for rank in (2 * i, 2 * i + 1):
+            assert (where / f"rank-{rank}.log").stat().st_uid == NOBODY
+    assert settled(job_id) == []
+
+
+def test_a_jobs_directory_the_user_cannot_write_is_named_with_the_fix(
+    tmp_path: Path, job_id: str, shared_state: Path
+) -> None:
+    # An older setup: <state_dir>/jobs root's, 0755.
+    (shared_state / "jobs").mkdir(mode=0o755)
+    (shared_state / "jobs").chmod(0o755)
+    hosts = as_nobody(tmp_path, job_id, shared_state, [SLEEP] * 4)
+    hosts[0].job_dir = str(shared_state / "jobs" / job_id)
+    hosts[1].job_dir = str(shared_state / "jobs" / f"{job_id}-b")
+    result = launch(tmp_path, job_id, [], hosts=hosts)
+    assert not result.ok
+    error = result.host_errors["hostA"]
+    assert error.startswith(f"cannot start the job: cannot create {shared_state}/jobs/{job_id}: {shared_state}/jobs")
+    assert f"is not writable by nobody (uid {NOBODY})" in error
+    assert "run setup.yml, or as root: chmod 1777" in error
+    assert [r.state for r in result.ranks] == ["lost", "lost", "lost", "lost"]
     assert settled(job_id) == []
