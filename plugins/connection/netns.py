@@ -14,7 +14,10 @@ description:
     state directory, processes) without the SSH handshake.
   - The host's holder process is read from the lab's record (C(<lab_dir>/state.json)) and
     checked against the host's named network namespace before every use.
-  - Runs as the controller's user (root); C(become) is not supported and not needed.
+  - Logs in as the inventory's C(ansible_user), as SSH would - for a non-root user (a lab built with
+    C(lab_access=sudo)) commands run with that user's ids, groups, environment and home directory, read
+    from the host's own C(/etc/passwd); C(become) then goes through the host's sudo exactly as over SSH.
+    As root (the default) commands run with the controller's environment.
   - Use it with the lab's inventory, e.g. C(-e ansible_connection=meshkit.cluster.netns).
 author: meshkit contributors
 version_added: 0.1.0
@@ -31,6 +34,12 @@ options:
     required: true
     vars:
       - name: meshkit_lab_netns
+  remote_user:
+    description: The user to log in as (the inventory's C(ansible_user)); root when unset.
+    type: str
+    vars:
+      - name: ansible_user
+      - name: ansible_ssh_user
 extends_documentation_fragment:
   - connection_pipelining
 """
@@ -58,6 +67,8 @@ class Connection(ConnectionBase):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._pid: int | None = None
+        self._login: list[str] = []  # setpriv ... for a non-root login user
+        self._home: str | None = None
 
     def _connect(self) -> Connection:
         if self._connected:
@@ -67,16 +78,39 @@ class Connection(ConnectionBase):
             _name, self._pid = lab_holder(self.get_option("lab_dir"), netns)
         except ConnectionError_ as exc:
             raise AnsibleConnectionFailure(f"{self._play_context.remote_addr}: {exc}") from exc
+        user = self.get_option("remote_user") or "root"
+        if user != "root":
+            entry = self._passwd_entry(user)
+            if entry is None:
+                raise AnsibleConnectionFailure(
+                    f"{self._play_context.remote_addr}: no user {user!r} in the host's /etc/passwd "
+                    "(ansible_user names the login user of a lab built with lab_access=sudo)"
+                )
+            uid, gid, self._home = entry
+            self._login = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--reset-env", "--"]
         self._connected = True
-        display.vvv(f"NETNS: entering {netns} through pid {self._pid}", host=self._play_context.remote_addr)
+        display.vvv(f"NETNS: entering {netns} through pid {self._pid} as {user}", host=self._play_context.remote_addr)
         return self
 
+    def _passwd_entry(self, user: str) -> tuple[int, int, str] | None:
+        """(uid, gid, home) of a user in the host's own /etc/passwd (seen through its holder)."""
+        try:
+            with open(f"/proc/{self._pid}/root/etc/passwd") as handle:
+                for line in handle:
+                    fields = line.rstrip("\n").split(":")
+                    if len(fields) >= 6 and fields[0] == user:
+                        return int(fields[2]), int(fields[3]), fields[5]
+        except (OSError, ValueError):
+            return None
+        return None
+
     def _nsenter(self, argv: list[str]) -> list[str]:
-        return ["nsenter", "-t", str(self._pid), "-n", "-m", "-u", "-i", "-p", "--", *argv]
+        wd = [f"--wdns={self._home}"] if self._home else []
+        return ["nsenter", "-t", str(self._pid), "-n", "-m", "-u", "-i", "-p", *wd, "--", *self._login, *argv]
 
     def exec_command(self, cmd: str, in_data: bytes | None = None, sudoable: bool = True):
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
-        shell = os.environ.get("SHELL") or "/bin/sh"
+        shell = "/bin/sh" if self._login else os.environ.get("SHELL") or "/bin/sh"
         argv = self._nsenter([shell, "-c", cmd])
         display.vvv(f"NETNS EXEC {shlex.join(argv)}", host=self._play_context.remote_addr)
         proc = subprocess.Popen(

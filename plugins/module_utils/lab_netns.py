@@ -16,6 +16,7 @@ Plain Python: the module ``meshkit.cluster.lab`` drives it; tests may too.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -23,6 +24,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -31,12 +33,15 @@ from typing import Any
 from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import (
     HOST_BRIDGE,
     HOST_MGMT_PORT,
+    HOST_PORT_PREFIX,
+    LAB_USER,
     Host,
     LabPlan,
 )
 
 STATE_VERSION = 1
 SSH_PORT = 22
+NETWORKD = ("/lib/systemd/systemd-networkd", "/usr/lib/systemd/systemd-networkd")
 # STP timers of every host's bridge0: the smallest the protocol allows (hello 1 s, max age 6 s,
 # forward delay 4 s; 2 x (forward delay - 1) >= max age >= 2 x (hello + 1)), so a bridge
 # forwards, and gets its carrier and IPv6 link-local address, ~8 s after its ports come up
@@ -91,6 +96,7 @@ class Lab:
         sshd: str = "/usr/sbin/sshd",
         ssh_timeout: float = 30.0,
         settle_timeout: float = 60.0,
+        hosts_file: str = "/etc/hosts",
     ) -> None:
         self.plan = plan
         self.dir = Path(lab_dir)
@@ -99,7 +105,9 @@ class Lab:
         self.sshd = sshd
         self.ssh_timeout = ssh_timeout
         self.settle_timeout = settle_timeout
-        self.netns_re = re.compile(rf"^{re.escape(plan.name)}-node[0-9]+$")
+        self.hosts_file = hosts_file
+        # <lab>-boot<i>: a host's next network namespace while it reboots.
+        self.netns_re = re.compile(rf"^{re.escape(plan.name)}-(node|boot)[0-9]+$")
         self.root_port_re = re.compile(rf"^{re.escape(plan.name)}-m[0-9]+$")
 
     # ---- paths -------------------------------------------------------------
@@ -143,6 +151,16 @@ class Lab:
                 missing.append(f"{tool}: install {package} (make deps)")
         if not os.access(self.sshd, os.X_OK):
             missing.append(f"{self.sshd}: install openssh-server (make deps)")
+        if self.plan.access == "sudo":
+            for tool, package in {"sudo": "sudo", "setpriv": "util-linux"}.items():
+                if shutil.which(tool) is None:
+                    missing.append(f"{tool}: install {package} (make deps); lab_access=sudo needs it")
+        if self.plan.network_daemon == "networkd":
+            if not any(os.access(p, os.X_OK) for p in NETWORKD):
+                missing.append("systemd-networkd: install systemd (make deps); lab_network_daemon=networkd needs it")
+            for tool, package in {"networkctl": "systemd", "dbus-daemon": "dbus"}.items():
+                if shutil.which(tool) is None:
+                    missing.append(f"{tool}: install {package} (make deps); lab_network_daemon=networkd needs it")
         return missing
 
     # ---- what exists -------------------------------------------------------
@@ -281,32 +299,13 @@ class Lab:
                 f"link add {c.a.port} netns {ns_of[c.a.host]} type veth peer name {c.b.port} netns {ns_of[c.b.host]}"
             )
         run(["ip", "-batch", "-"], stdin="\n".join(root) + "\n")
-
-        # Inside each host: ports enslaved to bridge0 (STP on, as a Mac's
-        # Thunderbolt Bridge across a loop would need), management address.
         for h in plan.hosts:
-            cmds = [
-                "link set lo up",
-                f"link add {HOST_BRIDGE} type bridge stp_state 1 "
-                + " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items()),
-            ]
-            for port in h.ports:
-                cmds += [f"link set {port} master {HOST_BRIDGE}", f"link set {port} up"]
-            cmds += [
-                f"link set {HOST_BRIDGE} up",
-                f"addr add {h.mgmt_ip}/{prefix} dev {HOST_MGMT_PORT}",
-                f"link set {HOST_MGMT_PORT} up",
-            ]
-            run(["ip", "-n", h.netns, "-batch", "-"], stdin="\n".join(cmds) + "\n")
-            if plan.link_rate and h.ports:
-                burst = tbf_burst(plan.link_rate)
-                tc = [
-                    f"qdisc replace dev {port} root tbf rate {plan.link_rate} burst {burst} latency 20ms"
-                    for port in h.ports
-                ]
-                run(["tc", "-n", h.netns, "-batch", "-"], stdin="\n".join(tc) + "\n")
+            self._hardware(h)
+            self._factory_network(h)
+        if plan.names:
+            self.write_names_block()
 
-        holders = {h.name: self._start_holder(h.name, h.netns) for h in plan.hosts}
+        holders = {h.name: self._start_holder(h) for h in plan.hosts}
         self._wait_for_sshd()
         known_hosts = self._scan_host_keys()
         state = {
@@ -314,10 +313,143 @@ class Lab:
             "plan": plan.as_dict(),
             "holders": holders,
             "known_hosts": known_hosts,
+            "user": self._user_record(),
         }
+        self._save_state(state)
+
+    def _save_state(self, state: dict[str, Any]) -> None:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         tmp.replace(self.state_file)
+
+    def _hardware(self, h: Host) -> None:
+        """What a host's network hardware is, whatever its OS does: the cable ports' rate (tc tbf,
+        standing in for the link's speed) and their factory MTU."""
+        cmds = [f"link set {port} mtu 1500" for port in h.ports]
+        if cmds:
+            run(["ip", "-n", h.netns, "-batch", "-"], stdin="\n".join(cmds) + "\n")
+        if self.plan.link_rate and h.ports:
+            burst = tbf_burst(self.plan.link_rate)
+            tc = [
+                f"qdisc replace dev {port} root tbf rate {self.plan.link_rate} burst {burst} latency 20ms"
+                for port in h.ports
+            ]
+            run(["tc", "-n", h.netns, "-batch", "-"], stdin="\n".join(tc) + "\n")
+
+    def _factory_network(self, h: Host) -> None:
+        """The network a host has after boot before any of its own configuration, as the factory
+        ships it: every cable port in bridge0 with STP on (a Mac's Thunderbolt Bridge across a
+        loop), the management address. With lab_network_daemon=none the lab sets it up, as the
+        OS of such a host would; with networkd the host's own systemd-networkd does, from the
+        factory files in its /etc/systemd/network."""
+        if self.plan.network_daemon != "none":
+            return
+        prefix = ipaddress.IPv4Network(self.plan.mgmt_subnet).prefixlen
+        cmds = [
+            "link set lo up",
+            f"link add {HOST_BRIDGE} type bridge stp_state 1 "
+            + " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items()),
+        ]
+        for port in h.ports:
+            cmds += [f"link set {port} master {HOST_BRIDGE}", f"link set {port} up"]
+        cmds += [
+            f"link set {HOST_BRIDGE} up",
+            f"addr add {h.mgmt_ip}/{prefix} dev {HOST_MGMT_PORT}",
+            f"link set {HOST_MGMT_PORT} up",
+        ]
+        run(["ip", "-n", h.netns, "-batch", "-"], stdin="\n".join(cmds) + "\n")
+
+    # ---- per-host files ----------------------------------------------------
+    def etc_dir(self, name: str) -> Path:
+        return self.host_dir(name) / "etc"
+
+    def network_dir(self, name: str) -> Path:
+        return self.host_dir(name) / "network"
+
+    def home_dir(self, name: str) -> Path:
+        return self.host_dir(name) / "home"
+
+    def _user_ids(self) -> tuple[int, int]:
+        """uid and gid of the login user: the first number from 2000 that the machine uses for
+        no user and no group, so files it writes on the shared filesystem are nobody else's."""
+        used: set[int] = set()
+        for path in ("/etc/passwd", "/etc/group"):
+            for line in Path(path).read_text().splitlines():
+                fields = line.split(":")
+                if len(fields) > 2 and fields[2].isdigit():
+                    used.add(int(fields[2]))
+        n = 2000
+        while n in used:
+            n += 1
+        return n, n
+
+    def _user_record(self) -> dict[str, Any]:
+        if self.plan.access != "sudo":
+            return {"name": "root", "uid": 0, "gid": 0, "home": "/root"}
+        uid, gid = self._user_ids()
+        return {"name": LAB_USER, "uid": uid, "gid": gid, "home": f"/home/{LAB_USER}"}
+
+    def _etc_files(self, h: Host) -> dict[str, tuple[str, int]]:
+        """The host's own copies of files under /etc: name -> (content, mode)."""
+        files = {"hosts": (self._host_hosts_file(h), 0o644)}
+        if self.plan.access == "sudo":
+            uid, gid = self._user_ids()
+
+            def without_user(path: str) -> str:
+                lines = Path(path).read_text().splitlines()
+                return "".join(line + "\n" for line in lines if line.split(":", 1)[0] != LAB_USER)
+
+            entry = f"{LAB_USER}:x:{uid}:{gid}:meshkit lab admin:/home/{LAB_USER}:/bin/bash\n"
+            files["passwd"] = (without_user("/etc/passwd") + entry, 0o644)
+            # "*": no password, but not locked ("!" would refuse key logins too with UsePAM no).
+            files["shadow"] = (without_user("/etc/shadow") + f"{LAB_USER}:*:19000:0:99999:7:::\n", 0o640)
+            files["group"] = (without_user("/etc/group") + f"{LAB_USER}:x:{gid}:\n", 0o644)
+            if Path("/etc/gshadow").exists():
+                files["gshadow"] = (without_user("/etc/gshadow") + f"{LAB_USER}:!::\n", 0o640)
+            files["sudoers"] = (
+                "# meshkit lab host: written by playbooks/lab.yml (the machine's own /etc/sudoers is untouched)\n"
+                "Defaults env_reset\n"
+                "Defaults secure_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+                "root ALL=(ALL:ALL) ALL\n"
+                f"{LAB_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n",
+                0o440,
+            )
+        return files
+
+    def _host_hosts_file(self, h: Host) -> str:
+        """The host's /etc/hosts, as Debian writes it: localhost, its own name on 127.0.1.1 (so
+        sudo and others resolve the hostname; note the short name then resolves to loopback on
+        the host itself), and with lab_names the lab's names."""
+        text = (
+            f"# meshkit lab {self.plan.name}, host {h.name}: written by playbooks/lab.yml\n"
+            "127.0.0.1\tlocalhost\n"
+            f"127.0.1.1\t{h.name}\n"
+            "\n"
+            "::1\tlocalhost ip6-localhost ip6-loopback\n"
+            "ff02::1\tip6-allnodes\n"
+            "ff02::2\tip6-allrouters\n"
+        )
+        if self.plan.names:
+            text += "\n" + names_block(self.plan.name, self.names_lines())
+        return text
+
+    def names_lines(self) -> list[str]:
+        return [f"{h.mgmt_ip}\t{h.fqdn}" for h in self.plan.hosts]
+
+    def _network_files(self, h: Host) -> dict[str, str]:
+        """The factory systemd-networkd configuration of a host: what the lab builds."""
+        prefix = ipaddress.IPv4Network(self.plan.mgmt_subnet).prefixlen
+        head = f"# Factory configuration of lab host {h.name} (meshkit lab {self.plan.name}).\n"
+        return {
+            "10-mgmt0.network": head + f"[Match]\nName={HOST_MGMT_PORT}\n\n[Network]\nAddress={h.mgmt_ip}/{prefix}\n"
+            "LinkLocalAddressing=ipv6\nIPv6AcceptRA=no\n",
+            f"20-{HOST_BRIDGE}.netdev": head + f"[NetDev]\nName={HOST_BRIDGE}\nKind=bridge\n\n[Bridge]\nSTP=yes\n"
+            f"HelloTimeSec={STP_TIMERS['hello_time']}\nMaxAgeSec={STP_TIMERS['max_age']}\n"
+            f"ForwardDelaySec={STP_TIMERS['forward_delay']}\n",
+            f"20-{HOST_BRIDGE}.network": head
+            + f"[Match]\nName={HOST_BRIDGE}\n\n[Network]\nLinkLocalAddressing=ipv6\nIPv6AcceptRA=no\n",
+            "30-tb.network": head + f"[Match]\nName={HOST_PORT_PREFIX}*\n\n[Network]\nBridge={HOST_BRIDGE}\n",
+        }
 
     def _write_files(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -339,29 +471,45 @@ class Lab:
                 ]
             )
         pubkey = Path(str(self.client_key) + ".pub").read_text()
+        sudo = self.plan.access == "sudo"
+        user = self._user_record()
         for h in self.plan.hosts:
             # Each host's /etc/ssh: the holder bind-mounts this directory there, so
-            # sshd reads its own config, host key and authorized_keys at the usual
-            # paths (which also pass sshd's StrictModes wherever the checkout is).
+            # sshd reads its own config and host key at the usual paths (which also
+            # pass sshd's StrictModes wherever the checkout is).
             ssh_dir = self.ssh_dir(h.name)
             ssh_dir.mkdir(parents=True, exist_ok=True)
             ssh_dir.chmod(0o755)
-            self.state_dir(h.name).mkdir(parents=True, exist_ok=True)
+            state_dir = self.state_dir(h.name)
+            state_dir.mkdir(parents=True, exist_ok=True)
+            state_dir.chmod(0o755)
             key = ssh_dir / "ssh_host_ed25519_key"
             if not key.exists():
                 run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(key)])
             auth = ssh_dir / "authorized_keys"
-            auth.write_text(pubkey)
-            auth.chmod(0o600)
+            if sudo:
+                auth.unlink(missing_ok=True)
+                home = self.home_dir(h.name)
+                dot_ssh = home / ".ssh"
+                dot_ssh.mkdir(parents=True, exist_ok=True)
+                (dot_ssh / "authorized_keys").write_text(pubkey)
+                for path, mode in ((home, 0o755), (dot_ssh, 0o700), (dot_ssh / "authorized_keys", 0o600)):
+                    os.chown(path, user["uid"], user["gid"])
+                    path.chmod(mode)
+            else:
+                auth.write_text(pubkey)
+                auth.chmod(0o600)
             (ssh_dir / "sshd_config").write_text(
                 "\n".join(
                     [
                         f"# meshkit lab {self.plan.name}, host {h.name}: written by playbooks/lab.yml",
                         f"ListenAddress {h.mgmt_ip}:{SSH_PORT}",
                         "HostKey /etc/ssh/ssh_host_ed25519_key",
-                        "AuthorizedKeysFile /etc/ssh/authorized_keys",
+                        # lab_access=sudo: the login user's own ~/.ssh/authorized_keys; root
+                        # cannot log in at all. root: the key for root is in /etc/ssh.
+                        "AuthorizedKeysFile " + (".ssh/authorized_keys" if sudo else "/etc/ssh/authorized_keys"),
                         "PidFile none",
-                        "PermitRootLogin prohibit-password",
+                        "PermitRootLogin " + ("no" if sudo else "prohibit-password"),
                         "PubkeyAuthentication yes",
                         "PasswordAuthentication no",
                         "KbdInteractiveAuthentication no",
@@ -378,14 +526,59 @@ class Lab:
                     ]
                 )
             )
+            etc = self.etc_dir(h.name)
+            if etc.exists():
+                shutil.rmtree(etc)
+            etc.mkdir(parents=True)
+            etc.chmod(0o755)
+            binds = [
+                [str(state_dir), "/var/lib/meshkit"],
+                [str(ssh_dir), "/etc/ssh"],
+            ]
+            for name, (content, mode) in self._etc_files(h).items():
+                path = etc / name
+                path.write_text(content)
+                path.chmod(mode)
+                binds.append([str(path), f"/etc/{name}"])
+            # The host's own machine id (systemd-networkd derives bridge0's MAC from it: a shared
+            # one would give every host's bridge the same STP bridge id). Kept across rebuilds.
+            machine_id = self.host_dir(h.name) / "machine-id"
+            if not machine_id.exists():
+                machine_id.write_text(os.urandom(16).hex() + "\n")
+                machine_id.chmod(0o444)
+            binds.append([str(machine_id), "/etc/machine-id"])
+            if Path("/var/lib/dbus/machine-id").exists() and not Path("/var/lib/dbus/machine-id").is_symlink():
+                binds.append([str(machine_id), "/var/lib/dbus/machine-id"])
+            if self.plan.network_daemon == "networkd":
+                # A (re)built host has its factory configuration only.
+                net = self.network_dir(h.name)
+                if net.exists():
+                    shutil.rmtree(net)
+                net.mkdir(parents=True)
+                net.chmod(0o755)
+                for name, content in self._network_files(h).items():
+                    (net / name).write_text(content)
+                    (net / name).chmod(0o644)
+                binds.append([str(net), "/etc/systemd/network"])
+            config = {
+                "hostname": h.name,
+                "mgmt_ip": h.mgmt_ip,
+                "sshd": self.sshd,
+                "network_daemon": self.plan.network_daemon,
+                "binds": binds,
+                "home": {"user": LAB_USER, "source": str(self.home_dir(h.name))} if sudo else None,
+            }
+            (self.host_dir(h.name) / "init.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    def _start_holder(self, name: str, netns: str) -> int:
-        log = open(self.host_dir(name) / "init.log", "ab")  # noqa: SIM115 - handed to the child
+    def _start_holder(self, h: Host) -> int:
+        """Boot a host: its PID 1 (lab_init.py) in its network namespace and its own mount, UTS,
+        IPC and PID namespaces."""
+        log = open(self.host_dir(h.name) / "init.log", "ab")  # noqa: SIM115 - handed to the child
         cmd = [
             "ip",
             "netns",
             "exec",
-            netns,
+            h.netns,
             "unshare",
             "--mount",
             "--uts",
@@ -396,14 +589,8 @@ class Lab:
             "--kill-child",
             self.python,
             self.init_script,
-            "--hostname",
-            name,
-            "--state-dir",
-            str(self.state_dir(name)),
-            "--sshd",
-            self.sshd,
-            "--ssh-dir",
-            str(self.ssh_dir(name)),
+            "--config",
+            str(self.host_dir(h.name) / "init.json"),
         ]
         try:
             proc = subprocess.Popen(
@@ -421,7 +608,7 @@ class Lab:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise LabError(f"{name}: the host's holder exited at once; see {self.host_dir(name)}/init.log")
+                raise LabError(f"{h.name}: the host's holder exited at once; see {self.host_dir(h.name)}/init.log")
             try:
                 kids = children.read_text().split()
             except OSError:
@@ -429,7 +616,7 @@ class Lab:
             if kids:
                 return int(kids[0])
             time.sleep(0.01)
-        raise LabError(f"{name}: the host's holder did not start within 10 s")
+        raise LabError(f"{h.name}: the host's holder did not start within 10 s")
 
     def _wait_for_sshd(self) -> None:
         deadline = time.monotonic() + self.ssh_timeout
@@ -444,6 +631,70 @@ class Lab:
                 f"sshd did not answer within {self.ssh_timeout:.0f} s on: {names}; see {self.dir}/hosts/<host>/init.log"
             )
 
+    # ---- reboot --------------------------------------------------------------
+    def reboot(self, names: list[str]) -> dict[str, Any]:
+        """Reboot hosts as a machine reboots, then wait until the whole lab is settled.
+
+        1. Power off: every process of the host ends at once (its PID namespace dies with its init).
+        2. A new kernel: the host gets a fresh network namespace and its hardware - the cable ports
+           and mgmt0, veths whose other ends stay where they are - is moved into it. Everything
+           the old kernel held at runtime is gone with the old namespace: addresses, routes,
+           neighbours, sysctls, bridge memberships, bridge0 itself (a software device). The ports
+           come back down, with their MAC and factory MTU, as a NIC does at power-on.
+        3. Boot: lab_init starts again from the host's files on disk (its /etc, /var/lib/meshkit),
+           and only the host's own boot configures the network: with lab_network_daemon=networkd,
+           systemd-networkd from /etc/systemd/network (the factory files and whatever was
+           persisted there); with none, the factory network as the lab's OS sets it up.
+        Returns per host the seconds from power-off to booted, and the seconds until settled.
+        """
+        state = self.recorded()
+        by_name = {h.name: h for h in self.plan.hosts}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise LabError(
+                f"lab_reboot names {', '.join(unknown)}, not a host of lab {self.plan.name} "
+                f"({', '.join(by_name)}); name hosts as the inventory does, e.g. -e lab_reboot=node2"
+            )
+        if state is None:
+            raise LabError(f"lab_reboot: lab {self.plan.name} is not built; build it first")
+        start = time.monotonic()
+        booted: dict[str, float] = {}
+        for name in names:
+            h = by_name[name]
+            t0 = time.monotonic()
+            self._kill_netns_processes(h.netns)
+            self._fresh_netns(h)
+            self._hardware(h)
+            self._factory_network(h)
+            state["holders"][h.name] = self._start_holder(h)
+            self._save_state(state)
+            booted[name] = round(time.monotonic() - t0, 2)
+        # Connections to the old sshd are dead; the next task opens new ones.
+        self._close_ssh_masters()
+        settled = self.settle()
+        return {"rebooted": names, "boot": booted, "settled_in": settled, "elapsed": round(time.monotonic() - start, 2)}
+
+    def _fresh_netns(self, h: Host) -> None:
+        """Give the host a new network namespace holding only its hardware (see reboot)."""
+        spare = f"{self.plan.name}-boot{h.index}"
+        if spare in self.existing_netns():
+            run(["ip", "netns", "del", spare])
+        run(["ip", "netns", "add", spare])
+        hardware = [HOST_MGMT_PORT, *h.ports]
+        present = {link["ifname"] for link in ip_json("-n", h.netns, "link", "show")}
+        lost = [name for name in hardware if name not in present]
+        if lost:
+            run(["ip", "netns", "del", spare])
+            raise LabError(f"{h.name}: cannot reboot, its ports {', '.join(lost)} are gone; rebuild the lab")
+        moves = "".join(f"link set dev {name} netns {spare}\n" for name in hardware)
+        run(["ip", "-n", h.netns, "-batch", "-"], stdin=moves)
+        # The old namespace (and bridge0, lo and all state in it) goes; the new one takes its name.
+        run(["ip", "netns", "del", h.netns])
+        path = f"/run/netns/{h.netns}"
+        Path(path).touch()
+        run(["mount", "--bind", f"/run/netns/{spare}", path])
+        run(["ip", "netns", "del", spare])
+
     # ---- settled -----------------------------------------------------------
     def unsettled(self, host: Host) -> list[str]:
         """What one host still lacks to be settled; empty when it is.
@@ -453,8 +704,11 @@ class Lab:
         has carrier, as STP then lets it forward); no address is still in duplicate-address
         detection (``tentative``) and none failed it; sshd answers with its banner.
         """
-        links = ip_json("-n", host.netns, "-d", "addr", "show")
+        links = ip_json("-n", host.netns, "-d", "link", "show")
         by_name = {link["ifname"]: link for link in links}
+        addrs = {a["ifname"]: a.get("addr_info", []) for a in ip_json("-n", host.netns, "addr", "show")}
+        for name, link in by_name.items():
+            link["addr_info"] = addrs.get(name, [])
         missing: list[str] = []
         prefix = ipaddress.IPv4Network(self.plan.mgmt_subnet).prefixlen
         mgmt = by_name.get(HOST_MGMT_PORT)
@@ -485,8 +739,36 @@ class Lab:
                 if name not in disabled:
                     why = "carrier" if name in carrier else f"a member with carrier ({', '.join(sorted(members))})"
                     missing.append(f"{name}: no IPv6 link-local address yet (it is up, with {why})")
+        if self.plan.network_daemon == "networkd":
+            missing += self._networkd_unsettled(host, links)
         if not missing and not _ssh_banner(host.mgmt_ip, SSH_PORT, 1.0):
             missing.append(f"sshd does not answer on {host.mgmt_ip}:{SSH_PORT}")
+        return missing
+
+    def _networkd_unsettled(self, host: Host, links: list[dict[str, Any]]) -> list[str]:
+        """systemd-networkd has processed every link: its state file for each says configured or
+        unmanaged (read through the host's holder, in the host's own /run)."""
+        state = self.recorded() or {}
+        pid = state.get("holders", {}).get(host.name)
+        root = Path(f"/proc/{pid}/root/run/systemd/netif")
+        if not pid or not (root / "state").exists():
+            return ["systemd-networkd has not started (no /run/systemd/netif/state)"]
+        missing = []
+        if not any(link["ifname"] == HOST_BRIDGE for link in links):
+            missing.append(f"{HOST_BRIDGE}: not created yet (20-{HOST_BRIDGE}.netdev)")
+        for link in links:
+            try:
+                text = (root / "links" / str(link["ifindex"])).read_text()
+            except OSError:
+                missing.append(f"{link['ifname']}: systemd-networkd has not seen it yet")
+                continue
+            fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+            admin = fields.get("ADMIN_STATE", "?")
+            if admin in ("configured", "unmanaged"):
+                continue
+            if admin == "configuring" and "LOWER_UP" not in link.get("flags", []):
+                continue  # waits for a carrier that nothing here will bring (a bridge without ports)
+            missing.append(f"{link['ifname']}: systemd-networkd state {admin}")
         return missing
 
     @staticmethod
@@ -523,19 +805,64 @@ class Lab:
         return round(time.monotonic() - start, 2)
 
     def _scan_host_keys(self) -> list[str]:
-        """Collect every host's key with ssh-keyscan and check it is the key we gave that host."""
-        ips = [h.mgmt_ip for h in self.plan.hosts]
-        out = run(["ssh-keyscan", "-T", "5", "-t", "ed25519", *ips]).stdout
+        """Collect every host's key with ssh-keyscan, by the name the inventory uses for it (its
+        address, or with lab_names its name), and check it is the key we gave that host."""
+        names = [self.plan.ssh_name(h) for h in self.plan.hosts]
+        out = run(["ssh-keyscan", "-T", "5", "-t", "ed25519", *names]).stdout
         lines = sorted(line for line in out.splitlines() if line and not line.startswith("#"))
         scanned = {line.split()[0]: line.split()[2] for line in lines}
-        for h in self.plan.hosts:
+        for h, name in zip(self.plan.hosts, names, strict=True):
             expected = (self.ssh_dir(h.name) / "ssh_host_ed25519_key.pub").read_text().split()[1]
-            if scanned.get(h.mgmt_ip) != expected:
+            if scanned.get(name) != expected:
                 raise LabError(
-                    f"{h.name}: ssh-keyscan of {h.mgmt_ip} did not return the host key the lab "
+                    f"{h.name}: ssh-keyscan of {name} did not return the host key the lab "
                     "generated; another sshd may be answering on that address"
+                    + (f", or {name} does not resolve to {h.mgmt_ip}" if name != h.mgmt_ip else "")
                 )
         return lines
+
+    # ---- names -------------------------------------------------------------
+    def write_names_block(self) -> bool:
+        """Add (or replace) the lab's block in this machine's hosts file; True when it changed."""
+        return update_hosts_block(self.hosts_file, self.plan.name, self.names_lines())
+
+    def remove_names_block(self) -> bool:
+        return update_hosts_block(self.hosts_file, self.plan.name, None)
+
+    def names_problem(self) -> str | None:
+        """Why this machine's hosts file does not map the lab's names as built (None: it does)."""
+        try:
+            text = Path(self.hosts_file).read_text()
+        except OSError as exc:
+            return f"cannot read {self.hosts_file}: {exc}"
+        want = names_block(self.plan.name, self.names_lines())
+        return None if want in text else f"{self.hosts_file} lacks the lab's names block"
+
+    # ---- login user ----------------------------------------------------------
+    def check_shared_paths(self, paths: list[str]) -> None:
+        """With lab_access=sudo, the hosts' login user must be able to use what the hosts share
+        with this machine (the checkout, the hosts' Python): try it as that user on node1."""
+        if self.plan.access != "sudo" or not paths:
+            return
+        state = self.recorded() or {}
+        host = self.plan.hosts[0]
+        pid = state.get("holders", {}).get(host.name)
+        user = self._user_record()
+        for path in paths:
+            proc = run(
+                [
+                    "nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "--",
+                    "setpriv", f"--reuid={user['uid']}", f"--regid={user['gid']}", "--clear-groups", "--",
+                    "test", "-r", path, "-a", "-x", path,
+                ],
+                check=False,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                raise LabError(
+                    f"lab_access=sudo: the hosts' login user {LAB_USER} cannot read and enter {path}"
+                    f"{_blocked_by(path)}. The hosts share this machine's files: put the checkout where "
+                    "other users can read it, or use lab_access=root."
+                )
 
     # ---- teardown ----------------------------------------------------------
     def teardown(self, keep_files: bool) -> list[str]:
@@ -554,6 +881,8 @@ class Lab:
             run(["ip", "link", "del", link], check=False)
         removed += [f"link {n}" for n in links]
         self._close_ssh_masters()
+        if self.remove_names_block():
+            removed.append(f"names block of lab {self.plan.name} in {self.hosts_file}")
         if self.state_file.exists():
             self.state_file.unlink()
         if not keep_files and self.dir.exists():
@@ -613,7 +942,7 @@ class Lab:
 
 def describe_change(before: dict[str, Any], after: dict[str, Any]) -> str:
     parts = []
-    for key in ("size", "shape", "link_rate", "mgmt_subnet"):
+    for key in ("size", "shape", "link_rate", "mgmt_subnet", "access", "names", "network_daemon"):
         if before.get(key) != after.get(key):
             parts.append(f"{key} {before.get(key)} -> {after.get(key)}")
     if before.get("cables") != after.get("cables"):
@@ -641,3 +970,76 @@ def _ssh_banner(ip: str, port: int, timeout: float) -> bool:
             return sock.recv(4).startswith(b"SSH-")
     except OSError:
         return False
+
+
+BEGIN = "# BEGIN meshkit lab {name}"
+END = "# END meshkit lab {name}"
+
+
+def names_block(name: str, lines: list[str]) -> str:
+    return "\n".join([BEGIN.format(name=name), *lines, END.format(name=name)]) + "\n"
+
+
+def replace_block(text: str, name: str, lines: list[str] | None) -> str:
+    """``text`` (a hosts file) with lab ``name``'s block replaced by ``lines`` (None: removed).
+    Every stale copy of that lab's block goes; other labs' blocks and other lines stay."""
+    begin, end = BEGIN.format(name=name), END.format(name=name)
+    out: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.strip() == begin:
+            inside = True
+            continue
+        if inside:
+            if line.strip() == end:
+                inside = False
+            continue
+        out.append(line)
+    body = "\n".join(out).rstrip("\n")
+    body = body + "\n" if body else ""
+    if lines is not None:
+        body += names_block(name, lines)
+    return body
+
+
+def update_hosts_block(path: str, name: str, lines: list[str] | None) -> bool:
+    """Write lab ``name``'s block into the hosts file at ``path`` (None: remove it); True when the
+    file changed. In place (the file may be a bind mount, which a rename would break) and under an
+    exclusive lock on the file, so labs built at the same time do not lose each other's names."""
+    try:
+        handle = open(path, "r+")  # noqa: SIM115 - closed below, after the lock is released
+    except FileNotFoundError:
+        if lines is None:
+            return False
+        handle = open(path, "w+")  # noqa: SIM115
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            text = handle.read()
+            new = replace_block(text, name, lines)
+            if new == text:
+                return False
+            handle.seek(0)
+            handle.write(new)
+            handle.truncate()
+            handle.flush()
+            os.fsync(handle.fileno())
+            return True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _blocked_by(path: str) -> str:
+    """Which directory on the way to ``path`` others cannot enter (or read, for the last)."""
+    parts = Path(os.path.abspath(path)).parts
+    for i in range(1, len(parts) + 1):
+        p = Path(*parts[:i])
+        try:
+            mode = p.stat().st_mode
+        except OSError:
+            return f" ({p} does not exist)"
+        last = i == len(parts)
+        need = stat.S_IXOTH | (stat.S_IROTH if last else 0)
+        if p.is_dir() and mode & need != need:
+            return f" ({p} is mode {stat.S_IMODE(mode):04o}: others cannot {'read and ' if last else ''}enter it)"
+    return ""

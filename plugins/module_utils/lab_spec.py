@@ -26,6 +26,12 @@ RATE_PATTERN = r"^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$"
 HOST_PORT_PREFIX = "tb"
 HOST_MGMT_PORT = "mgmt0"
 HOST_BRIDGE = "bridge0"
+ACCESS = ("root", "sudo")
+NETWORK_DAEMONS = ("none", "networkd")
+# lab_access=sudo: the hosts' login user (passwordless sudo; root cannot log in over SSH).
+LAB_USER = "meshadmin"
+# lab_names: host names are <host>.<lab>.meshkit.test (.test is reserved: RFC 2606, RFC 6761).
+NAME_SUFFIX = "meshkit.test"
 
 
 class LabSpecError(ValueError):
@@ -49,6 +55,13 @@ def _str_or_none(value: Any) -> Any:
     if value is None or value == "":
         return None
     return str(value)
+
+
+def _bool(value: Any) -> Any:
+    # -e lab_names=true arrives as a string.
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0", ""):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    return value
 
 
 def _cable_end(value: Any) -> Any:
@@ -85,6 +98,9 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "regex": RATE_PATTERN,
     },
     "lab_mgmt_subnet": {"type": "string", "required": True, "check_with": "ipv4_network"},
+    "lab_access": {"type": "string", "default": "root", "allowed": list(ACCESS)},
+    "lab_names": {"type": "boolean", "default": False, "coerce": _bool},
+    "lab_network_daemon": {"type": "string", "default": "none", "allowed": list(NETWORK_DAEMONS)},
 }
 
 HINTS = {
@@ -95,6 +111,9 @@ HINTS = {
     "lab_cables": "give a list of [host, host] pairs with host numbers from 1",
     "lab_link_rate": "use a tc rate such as 2gbit or 500mbit",
     "lab_mgmt_subnet": "use an IPv4 network such as 198.18.0.0/24",
+    "lab_access": "use root (the inventory logs in as root) or sudo (as " + LAB_USER + ", with become)",
+    "lab_names": "use true (hosts reached by name) or false (by address)",
+    "lab_network_daemon": "use none (the lab configures the network) or networkd (each host's systemd-networkd)",
 }
 
 
@@ -153,6 +172,7 @@ class Host:
     mgmt_ip: str
     mgmt_root_port: str
     ports: tuple[str, ...]
+    fqdn: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,6 +186,21 @@ class LabPlan:
     mgmt_bridge: str
     hosts: tuple[Host, ...]
     cables: tuple[Cable, ...]
+    access: str = "root"
+    names: bool = False
+    network_daemon: str = "none"
+
+    @property
+    def domain(self) -> str:
+        return f"{self.name}.{NAME_SUFFIX}"
+
+    @property
+    def login_user(self) -> str:
+        return LAB_USER if self.access == "sudo" else "root"
+
+    def ssh_name(self, host: Host) -> str:
+        """What the inventory's ansible_host (and ssh_config's HostName) says for a host."""
+        return host.fqdn if self.names else host.mgmt_ip
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as plain data: what the state file records and the module returns."""
@@ -177,6 +212,11 @@ class LabPlan:
             "mgmt_subnet": self.mgmt_subnet,
             "controller_ip": self.controller_ip,
             "mgmt_bridge": self.mgmt_bridge,
+            "access": self.access,
+            "login_user": self.login_user,
+            "names": self.names,
+            "domain": self.domain,
+            "network_daemon": self.network_daemon,
             "hosts": [
                 {
                     "index": h.index,
@@ -185,6 +225,8 @@ class LabPlan:
                     "mgmt_ip": h.mgmt_ip,
                     "mgmt_root_port": h.mgmt_root_port,
                     "ports": list(h.ports),
+                    "fqdn": h.fqdn,
+                    "ssh_name": self.ssh_name(h),
                 }
                 for h in self.hosts
             ],
@@ -293,6 +335,7 @@ def plan(doc: dict[str, Any]) -> LabPlan:
             mgmt_ip=str(first + i),
             mgmt_root_port=f"{name}-m{i}",
             ports=tuple(ports[i]),
+            fqdn=f"{host_names[i]}.{name}.{NAME_SUFFIX}",
         )
         for i in sorted(host_names)
     )
@@ -306,4 +349,7 @@ def plan(doc: dict[str, Any]) -> LabPlan:
         mgmt_bridge=f"{name}-mgmt",
         hosts=hosts,
         cables=tuple(cables),
+        access=doc.get("lab_access", "root"),
+        names=bool(doc.get("lab_names", False)),
+        network_daemon=doc.get("lab_network_daemon", "none"),
     )

@@ -70,6 +70,52 @@ options:
     description: Seconds to wait for every host's sshd to answer after a build.
     type: int
     default: 30
+  access:
+    description:
+      - How the inventory logs in. V(root) - as root. V(sudo) - as the non-root user C(meshadmin), which has
+        passwordless sudo; root cannot log in over SSH (C(PermitRootLogin no)); plays use C(become).
+      - Each host has its own C(/etc/passwd), C(/etc/shadow), C(/etc/group), C(/etc/gshadow) and C(/etc/sudoers)
+        (copies of the machine's plus the user, bind-mounted in the host's own mount namespace) and its own
+        C(/home/meshadmin). The machine's own files are never edited.
+    type: str
+    choices: [root, sudo]
+    default: root
+  names:
+    description:
+      - V(true) - the inventory's C(ansible_host) is a name, C(node<i>.<lab>.meshkit.test), that resolves on
+        the controller (a marked block in O(hosts_file), added on build and removed on teardown) and on every
+        host (its own C(/etc/hosts)). Host keys are collected and checked by name.
+    type: bool
+    default: false
+  network_daemon:
+    description:
+      - V(none) - the lab sets up every host's factory network itself (bridge0 with the ports, the management
+        address) at build and at every reboot.
+      - V(networkd) - every host runs its own C(systemd-networkd) (and a system D-Bus, for C(networkctl)),
+        which configures the network from the host's own C(/etc/systemd/network) alone; the lab writes the
+        factory files there (C(10-mgmt0.network), C(20-bridge0.netdev), C(20-bridge0.network), C(30-tb.network)).
+    type: str
+    choices: [none, networkd]
+    default: none
+  reboot:
+    description:
+      - Hosts to reboot (names such as V(node2)). Their processes end, their runtime network state is gone,
+        and only their own boot brings anything back; the module returns once the lab is settled again.
+        The lab must be built as asked.
+    type: list
+    elements: str
+    default: []
+  hosts_file:
+    description: This machine's hosts file, where O(names=true) adds the lab's names.
+    type: path
+    default: /etc/hosts
+  shared_paths:
+    description:
+      - Paths the hosts use from this machine's filesystem (the checkout, the hosts' Python). With O(access=sudo)
+        the module checks the login user can read and enter each, and fails naming the directory in the way.
+    type: list
+    elements: path
+    default: []
   settle_timeout:
     description:
       - Seconds to wait, after a build and on every run, until every host is settled - its management
@@ -118,6 +164,10 @@ removed:
   returned: always
   type: list
   elements: str
+rebooted:
+  description: With O(reboot), per host the seconds from power-off to booted, and the seconds until settled.
+  returned: when O(reboot) is given
+  type: dict
 reasons:
   description: Why the lab was (or in check mode would be) built again.
   returned: always
@@ -173,6 +223,12 @@ def main() -> None:
             "init_script": {"type": "path", "required": True},
             "ssh_timeout": {"type": "int", "default": 30},
             "settle_timeout": {"type": "int", "default": 60},
+            "access": {"type": "str", "default": "root", "choices": ["root", "sudo"]},
+            "names": {"type": "bool", "default": False},
+            "network_daemon": {"type": "str", "default": "none", "choices": ["none", "networkd"]},
+            "reboot": {"type": "list", "elements": "str", "default": []},
+            "hosts_file": {"type": "path", "default": "/etc/hosts"},
+            "shared_paths": {"type": "list", "elements": "path", "default": []},
         },
         supports_check_mode=True,
     )
@@ -189,6 +245,9 @@ def main() -> None:
                 "lab_cables": p["cables"],
                 "lab_link_rate": p["link_rate"],
                 "lab_mgmt_subnet": p["mgmt_subnet"],
+                "lab_access": p["access"],
+                "lab_names": p["names"],
+                "lab_network_daemon": p["network_daemon"],
             }
         )
     except LabSpecError as exc:
@@ -201,6 +260,7 @@ def main() -> None:
         sys.executable,
         ssh_timeout=p["ssh_timeout"],
         settle_timeout=p["settle_timeout"],
+        hosts_file=p["hosts_file"],
     )
     result: dict = {"changed": False, "removed": [], "reasons": [], "elapsed": 0.0}
     start = time.monotonic()
@@ -226,6 +286,13 @@ def main() -> None:
                     conflicts=conflicts,
                 )
             reasons = lab.problems()
+            reboot = [name for name in p["reboot"] if name]
+            if reasons and reboot:
+                module.fail_json(
+                    msg=f"lab_reboot: lab {doc['lab_name']} is not up as asked ({'; '.join(reasons)}); "
+                    "run playbooks/lab.yml without lab_reboot first",
+                    reasons=reasons,
+                )
             if reasons:
                 result["changed"] = True
                 result["reasons"] = reasons
@@ -239,9 +306,20 @@ def main() -> None:
                         result["removed"] = lab.teardown(keep_files=True)
                     try:
                         lab.build()
+                        lab.check_shared_paths(p["shared_paths"])
                     except LabError:
                         lab.teardown(keep_files=True)  # leave nothing half-built behind
                         raise
+            elif lab.plan.names and lab.names_problem():
+                # Built as asked, but this machine's hosts file lost the lab's names.
+                result["changed"] = True
+                result["reasons"] = [str(lab.names_problem())]
+                if not module.check_mode:
+                    lab.write_names_block()
+            if reboot:
+                result["changed"] = True
+                if not module.check_mode:
+                    result["rebooted"] = lab.reboot(reboot)
             if not module.check_mode:
                 # Built now or earlier: return only once every host is settled.
                 result["settled_in"] = lab.settle()

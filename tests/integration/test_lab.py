@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import re
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
+import yaml
 
-from .conftest import ip_json, kernel_cables, ping_hosts, sh
+from .conftest import REPO, ip_json, kernel_cables, ping_hosts, sh
 
 SHAPE_PAIRS = {
     "mesh": lambda n: [(i, j) for i in range(1, n + 1) for j in range(i + 1, n + 1)],
@@ -238,3 +243,115 @@ def test_sixteen_host_mesh(make_lab):
     assert len(cabling["cables"]) == 120
     assert set(ping_hosts(lab).values()) == {"SUCCESS"}
     assert len(ping_hosts(lab)) == 16
+
+
+MACHINE_FILES = ("/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow", "/etc/sudoers")
+
+
+def file_digests(paths) -> dict[str, str]:
+    return {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths if Path(p).exists()}
+
+
+def test_sudo_access_logs_in_as_a_user_that_becomes_root(make_lab):
+    before = file_digests(MACHINE_FILES)
+    lab = make_lab(lab_size=2, lab_shape="line", lab_access="sudo")
+    run = lab.up()
+    assert run.rc == 0, run.output
+    inventory = yaml.safe_load(lab.inventory.read_text())
+    assert inventory["all"]["vars"]["ansible_user"] == "meshadmin"
+    every_var = {**inventory["all"]["vars"], **{k: v for h in lab.hosts().values() for k, v in h.items()}}
+    assert not [k for k in every_var if "become" in k]  # the plays ask for it, not the inventory
+    # Without become: the login user, in an SSH session. With become (sudo): root, and sudo's
+    # env_reset has dropped the SSH session's variables.
+    plain = lab.ansible("-m", "ansible.builtin.shell", "-a", "id -un; echo ssh=${SSH_CONNECTION:-none}")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert plain.stdout.count("meshadmin") == 2 and plain.stdout.count("ssh=198.") == 2, plain.stdout
+    become = lab.ansible("-b", "-m", "ansible.builtin.command", "-a", "id")
+    assert become.returncode == 0, become.stdout + become.stderr
+    assert become.stdout.count("uid=0(root)") == 2, become.stdout
+    env = lab.ansible("-b", "-m", "ansible.builtin.command", "-a", "env", pattern="node1")
+    assert env.returncode == 0 and "USER=root" in env.stdout, env.stdout
+    assert "SSH_CONNECTION" not in env.stdout, env.stdout
+    # Root cannot log in over SSH.
+    ssh = ["ssh", "-F", str(lab.dir / "ssh_config")]
+    root = sh(*ssh, "-l", "root", "node1", "id", check=False)
+    assert root.returncode == 255 and "Permission denied" in root.stderr, root.stderr
+    assert "(meshadmin)" in sh(*ssh, "node1", "id").stdout
+    # Programs in the checkout (the shared filesystem) run as the login user.
+    program = REPO / "tests" / "integration" / "programs" / "daemon_family.py"
+    runs = lab.ansible("-m", "ansible.builtin.command", "-a", f"test -r {program} -a -x {REPO}", pattern="node2")
+    assert runs.returncode == 0, runs.stdout + runs.stderr
+    # Each host has its own home, passwd and sudoers; the machine's own files are untouched.
+    mark = lab.ansible("-m", "ansible.builtin.shell", "-a", "touch ~/mark && ls -d /home/meshadmin", pattern="node1")
+    assert mark.returncode == 0, mark.stdout
+    look = lab.ansible("-m", "ansible.builtin.shell", "-a", "test -e ~/mark && echo has-mark || echo no-mark")
+    assert "no-mark" in look.stdout and "has-mark" in look.stdout, look.stdout
+    assert file_digests(MACHINE_FILES) == before
+    assert "meshadmin" not in Path("/etc/passwd").read_text()
+    # The faster connection logs in as the same user and becomes root the same way.
+    fast = lab.ansible("-e", "ansible_connection=meshkit.cluster.netns", "-m", "ansible.builtin.command", "-a", "id")
+    assert fast.stdout.count("uid=2000(meshadmin)") == 2, fast.stdout + fast.stderr
+    fast_b = lab.ansible(
+        "-e", "ansible_connection=meshkit.cluster.netns", "-b", "-m", "ansible.builtin.command", "-a", "id"
+    )
+    assert fast_b.stdout.count("uid=0(root)") == 2, fast_b.stdout + fast_b.stderr
+
+
+def test_sudo_access_refuses_a_shared_path_the_user_cannot_reach(make_lab, tmp_path):
+    # pytest's tmp_path lies under /tmp/pytest-of-root, mode 0700: the login user cannot enter it.
+    python = tmp_path / "python3"
+    python.symlink_to("/usr/bin/python3")
+    lab = make_lab(lab_size=2, lab_shape="line", lab_access="sudo")
+    run = lab.up(lab_host_python=str(python))
+    assert run.rc != 0
+    assert f"the hosts' login user meshadmin cannot read and enter {python}" in run.output, run.output
+    assert "others cannot enter it" in run.output, run.output
+
+
+def hosts_blocks(name: str) -> list[str]:
+    text = Path("/etc/hosts").read_text()
+    return re.findall(rf"^# BEGIN meshkit lab {name}\n(.*?)^# END meshkit lab {name}\n", text, re.M | re.S)
+
+
+def test_names_resolve_on_the_controller_and_on_the_hosts(make_lab):
+    first = make_lab(lab_size=3, lab_shape="ring", lab_names=True)
+    second = make_lab(lab_size=2, lab_shape="line", lab_names=True)
+    # A stale block of the first lab (a crashed run) is replaced, not duplicated.
+    stale = [f"# BEGIN meshkit lab {first.name}", f"192.0.2.9\tnode1.{first.name}.meshkit.test"]
+    with open("/etc/hosts", "a") as handle:  # under the lock the lab takes too
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write("\n".join([*stale, f"# END meshkit lab {first.name}", ""]))
+    assert first.up().rc == 0
+    assert second.up().rc == 0
+    hosts = first.hosts()
+    assert hosts["node1"]["ansible_host"] == f"node1.{first.name}.meshkit.test"
+    assert len(hosts_blocks(first.name)) == 1
+    block = hosts_blocks(first.name)[0]
+    assert "192.0.2.9" not in block
+    for i in (1, 2, 3):
+        fqdn = f"node{i}.{first.name}.meshkit.test"
+        ip = first.subnet.rsplit(".", 1)[0] + f".{i + 1}"
+        assert f"{ip}\t{fqdn}" in block
+        assert sh("getent", "hosts", fqdn).stdout.split()[0] == ip
+    # On the hosts: every lab name, and the host's own short name on 127.0.1.1 as Debian has it.
+    look = first.ansible(
+        "-m", "ansible.builtin.shell",
+        "-a", f"getent hosts node3.{first.name}.meshkit.test; getent hosts $(hostname); sudo -n true 2>&1 || true",
+        pattern="node1",
+    )  # fmt: skip
+    assert look.returncode == 0, look.stdout + look.stderr
+    answers = [line.split() for line in look.stdout.splitlines()[1:]]
+    assert [first.subnet.rsplit(".", 1)[0] + ".4", f"node3.{first.name}.meshkit.test"] in answers, look.stdout
+    assert ["127.0.1.1", "node1"] in answers, look.stdout
+    assert "unable to resolve host" not in look.stdout
+    # known_hosts entries are by name, checked against the generated keys (ssh by name works).
+    known = (first.dir / "known_hosts").read_text().splitlines()
+    assert sorted(line.split()[0] for line in known) == [f"node{i}.{first.name}.meshkit.test" for i in (1, 2, 3)]
+    assert ping_hosts(first) == {"node1": "SUCCESS", "node2": "SUCCESS", "node3": "SUCCESS"}
+    ssh = sh("ssh", "-F", str(first.dir / "ssh_config"), "node2", "hostname", check=False)
+    assert ssh.stdout.strip() == "node2", ssh.stderr
+    # Removing one lab removes its block only.
+    assert first.down().rc == 0
+    assert hosts_blocks(first.name) == []
+    assert len(hosts_blocks(second.name)) == 1
+    assert sh("getent", "hosts", f"node1.{first.name}.meshkit.test", check=False).returncode != 0

@@ -132,3 +132,40 @@ def test_error_message_lists_problems_one_per_line():
     assert text.startswith("invalid lab input:")
     assert "\n  - lab_size = 1" in text
     assert "\n  - lab_shape = 'star'" in text
+
+
+def test_access_names_and_network_daemon_default_to_the_plain_lab():
+    lab = plan(validate(params()))
+    assert (lab.access, lab.names, lab.network_daemon, lab.login_user) == ("root", False, "none", "root")
+    node1 = lab.hosts[0]
+    assert node1.fqdn == "node1.lab.meshkit.test"
+    assert lab.ssh_name(node1) == "198.18.0.2"  # by address unless lab_names
+
+
+def test_sudo_and_names_from_extra_vars():
+    lab = plan(validate(params(lab_access="sudo", lab_names="true", lab_network_daemon="networkd")))
+    assert (lab.access, lab.names, lab.network_daemon, lab.login_user) == ("sudo", True, "networkd", "meshadmin")
+    assert [lab.ssh_name(h) for h in lab.hosts][:2] == ["node1.lab.meshkit.test", "node2.lab.meshkit.test"]
+    data = lab.as_dict()
+    assert (data["access"], data["names"], data["domain"], data["login_user"]) == (
+        "sudo",
+        True,
+        "lab.meshkit.test",
+        "meshadmin",
+    )
+    assert data["hosts"][0]["ssh_name"] == "node1.lab.meshkit.test"
+    # Any of them differing from a built lab's record makes the lab be built again.
+    assert data != plan(validate(params(lab_access="sudo", lab_names="false"))).as_dict()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"lab_access": "admin"}, "lab_access = 'admin': unallowed value admin; use root"),
+        ({"lab_names": "maybe"}, "lab_names = 'maybe': must be of boolean type"),
+        ({"lab_network_daemon": "systemd"}, "lab_network_daemon = 'systemd': unallowed value systemd"),
+    ],
+)
+def test_bad_access_names_daemon(overrides, expected):
+    found = problems(**overrides)
+    assert any(expected in p for p in found), found
