@@ -10,7 +10,9 @@ modules say so. Plain Python: commands go through ``run(argv)``, files through `
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +25,51 @@ PREFIX = "00-meshkit-"
 HEADER = "# Managed by meshkit ({role}); changes here are overwritten by setup.yml.\n"
 
 
-def detect(run: Run, have: Callable[[str], bool]) -> str | None:
-    """'networkd', 'networkmanager' or None (runtime only)."""
-    if have("networkctl") and have("systemctl"):
-        rc, out, _err = run(["systemctl", "is-active", "systemd-networkd"])
-        if rc == 0 and out.strip() == "active":
+def networkd_running(proc_root: str = "/proc") -> bool:
+    """True when a systemd-networkd process manages this host's network.
+
+    Read from the process table, so it holds wherever networkd runs: under systemd as PID 1 (a
+    normal host), in a container or a lab host without systemd, or started by hand - where
+    ``systemctl is-active`` needs systemd as PID 1. Only a networkd in this process's network
+    namespace counts (a container's own networkd, visible in the host's process table, manages
+    the container's network, not the host's). The kernel truncates a process name to 15
+    characters, ``systemd-network``; the command line says which program it is.
+    """
+    try:
+        own_net = os.stat(os.path.join(proc_root, "self", "ns", "net")).st_ino
+        pids = [p for p in os.listdir(proc_root) if p.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            with open(os.path.join(proc_root, pid, "comm")) as handle:
+                if handle.read().strip() != "systemd-network":
+                    continue
+            with open(os.path.join(proc_root, pid, "cmdline"), "rb") as handle:
+                argv0 = handle.read().split(b"\0", 1)[0].decode(errors="replace")
+            if os.path.basename(argv0) != "systemd-networkd":
+                continue
+            if os.stat(os.path.join(proc_root, pid, "ns", "net")).st_ino == own_net:
+                return True
+        except OSError:
+            continue  # the process ended meanwhile, or its namespace is not ours to see
+    return False
+
+
+def detect(run: Run, have: Callable[[str], bool], proc_root: str = "/proc") -> str | None:
+    """'networkd', 'networkmanager' or None (runtime only).
+
+    networkd when a systemd-networkd process runs in this host's network namespace, or systemd
+    (where it is PID 1) says the service is active, and networkctl is there to reload it; else
+    NetworkManager when ``nmcli`` says it runs; else None.
+    """
+    if have("networkctl"):
+        if networkd_running(proc_root):
             return "networkd"
+        if have("systemctl"):
+            rc, out, _err = run(["systemctl", "is-active", "systemd-networkd"])
+            if rc == 0 and out.strip() == "active":
+                return "networkd"
     if have("nmcli"):
         rc, out, _err = run(["nmcli", "-t", "-g", "RUNNING", "general"])
         if rc == 0 and out.strip() == "running":
@@ -84,6 +125,16 @@ def networkd_port(directory: str, port: str) -> tuple[str, str]:
         os.path.join(directory, f"{PREFIX}{port}.network"),
         HEADER.format(role="thunderbolt_bridge") + f"[Match]\nName={port}\n\n[Link]\nRequiredForOnline=no\n\n"
         "[Network]\nConfigureWithoutCarrier=yes\nLinkLocalAddressing=ipv6\nIPv6AcceptRA=no\n",
+    )
+
+
+def networkd_bridge_down(directory: str, bridge: str) -> tuple[str, str]:
+    """The bridge's own .network file: it stays down at boot (its peer ports left it for good),
+    as setup.yml leaves it at runtime; it sorts before any factory file that would bring it up."""
+    return (
+        os.path.join(directory, f"{PREFIX}{bridge}.network"),
+        HEADER.format(role="thunderbolt_bridge") + f"[Match]\nName={bridge}\n\n[Link]\nActivationPolicy=down\n"
+        "RequiredForOnline=no\n\n[Network]\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n",
     )
 
 
@@ -195,10 +246,79 @@ def module_manager(module: Any, run: Run) -> str | None:
 
 
 def module_write(module: Any, run: Run, files: FileSet, changes: list[dict[str, Any]]) -> None:
-    """Write changed persistence files (not in check mode) and let networkd reload them."""
+    """Write changed persistence files (not in check mode) and have networkd apply them now.
+
+    ``networkctl reload`` (systemd-networkd re-reads its files and reconfigures the links whose
+    file changed) goes over D-Bus; if it fails, or networkd then still configures a port from
+    another file than meshkit's, the module fails saying so: the files are written but the host
+    would not boot into what they say.
+    """
     if not changes or module.check_mode:
         return
     files.apply()
-    rc, _out, err = run(["networkctl", "reload"])
+    if not any(c["path"].endswith((".network", ".conf")) for c in changes):
+        return
+    rc, out, err = run(["networkctl", "reload"])
     if rc != 0:
-        module.fail_json(msg=f"networkctl reload failed (rc={rc}): {err.strip()}", files=[c["path"] for c in changes])
+        module.fail_json(
+            msg=f"networkctl reload failed (rc={rc}): {(err or out).strip()}. The files are written but "
+            "systemd-networkd did not re-read them: it must run and be reachable over the system D-Bus "
+            "(networkctl talks to it there); fix that and run again",
+            files=[c["path"] for c in changes],
+        )
+    stale = networkd_not_applied(run, changes)
+    if stale:
+        module.fail_json(
+            msg="systemd-networkd reloaded but does not configure these ports from meshkit's files: "
+            + "; ".join(stale)
+            + ". Another .network file that sorts first matches them (networkd uses the first that matches)",
+            files=[c["path"] for c in changes],
+        )
+
+
+def networkd_port_of(path: str) -> tuple[str, str] | None:
+    """(port, the port's meshkit .network file) for a meshkit networkd file or drop-in, else None."""
+    name = os.path.basename(path)
+    parent = os.path.dirname(path)
+    if name.startswith(PREFIX) and name.endswith(".network"):
+        return name[len(PREFIX) : -len(".network")], path
+    base = os.path.basename(parent)
+    if base.startswith(PREFIX) and base.endswith(".network.d"):
+        return base[len(PREFIX) : -len(".network.d")], parent[: -len(".d")]
+    return None
+
+
+def networkd_not_applied(
+    run: Run,
+    changes: list[dict[str, Any]],
+    sys_root: str = "/sys",
+    timeout: float = 10.0,
+    interval: float = 0.2,
+) -> list[str]:
+    """Ports that systemd-networkd does not configure from meshkit's .network file (empty: all).
+
+    ``networkctl status --json=short PORT`` names the file networkd applied (``NetworkFile``); a
+    drop-in (``00-meshkit-<port>.network.d/``) is read only with the .network file of that name,
+    so that file must be the one. A reload reconfigures links as it goes: this waits up to
+    ``timeout`` seconds. Ports that do not exist now, and files being removed, are not checked.
+    """
+    wanted: dict[str, str] = {}
+    for c in changes:
+        found = networkd_port_of(c["path"]) if c["after"] else None
+        if found and os.path.exists(os.path.join(sys_root, "class", "net", found[0])):
+            wanted[found[0]] = found[1]
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = []
+        for port, network_file in sorted(wanted.items()):
+            rc, out, err = run(["networkctl", "status", "--json=short", port])
+            try:
+                applied = json.loads(out).get("NetworkFile") if rc == 0 else None
+            except ValueError:
+                applied = None
+            if applied != network_file:
+                seen = applied or (f"no file ({err.strip()})" if err.strip() else "no file")
+                problems.append(f"{port}: configured from {seen}, not {network_file}")
+        if not problems or time.monotonic() > deadline:
+            return problems
+        time.sleep(interval)
