@@ -455,18 +455,15 @@ class Launcher:
             return
         except OSError:
             chunk = b""
-        if chunk:
-            host.heard_at = time.monotonic()
+        if chunk and stream is host.proc.stdout:
+            host.heard_at = time.monotonic()  # the agent (stderr may be the local ssh talking)
         if not chunk:
             self.sel.unregister(stream)
             if stream is host.proc.stdout:
                 host.closed_out = True
             return
         if stream is host.proc.stderr:
-            for line in chunk.decode(errors="replace").splitlines():
-                if line.strip():
-                    host.stderr.append(line)
-                    self.on_event(f"{host.job.host}: {line}")
+            self._stderr_text(host, chunk)
             return
         host.buf += chunk
         while b"\n" in host.buf:
@@ -481,12 +478,22 @@ class Launcher:
                 continue
             self._host_message(host, msg)
 
+    def _stderr_text(self, host: _Host, chunk: bytes) -> None:
+        for line in chunk.decode(errors="replace").splitlines():
+            if line.strip():
+                host.stderr.append(line)
+                self.on_event(f"{host.job.host}: {line}")
+
     def _host_gone(self, host: _Host) -> None:
         """A connection ended: ranks it never reported on are lost."""
         lost = [r for r in self.ranks.values() if r.host == host.job.host and r.state in ("starting", "running")]
         if not lost:
             return
         detail = host.error or ("; ".join(list(host.stderr)[-3:]) or f"connection exited with {host.proc.returncode}")
+        silent = time.monotonic() - host.heard_at
+        if not host.error and silent > 2 * self.heartbeat:
+            # ssh's keepalives ended it (its master says so on a stderr no longer ours to read).
+            detail += f" after {silent:.0f} s without a word from its agent: a network partition, or the host hung"
         for rank in lost:
             rank.ended_at = time.monotonic()
             if self.stopping is not None and self.killed_connections and not host.error:
@@ -496,6 +503,21 @@ class Launcher:
         if self.first_failure is None and self.stopping is None:
             self.first_failure = lost[0]
         self.stop(f"{host.job.host}: lost the connection ({detail})")
+
+    def _drain_stderr(self, host: _Host) -> None:
+        """Read what the connection said last (a host's watchdog reports there) before the
+        host's end is judged; never waits (a persistent ssh master may hold stderr open)."""
+        stream = host.proc.stderr
+        while not stream.closed:
+            try:
+                chunk = os.read(stream.fileno(), 1 << 16)
+            except OSError:  # BlockingIOError included: nothing more now
+                return
+            if not chunk:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.sel.unregister(stream)
+                return
+            self._stderr_text(host, chunk)
 
     def _kill_connection(self, host: _Host) -> None:
         if host.killed_at is None:
@@ -611,6 +633,7 @@ class Launcher:
                 now = time.monotonic()
                 for host in self.hosts:
                     if not host.abandoned and host.closed_out and host.proc.poll() is not None:
+                        self._drain_stderr(host)
                         self._host_gone(host)
                 self._supervise_hosts(now)
                 self._heartbeats(now)

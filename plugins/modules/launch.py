@@ -18,7 +18,7 @@ description:
     (SIGTERM, SIGKILL after O(grace) seconds, then anything the ranks left behind). The task then fails naming the
     failed ranks, their exit codes and their last lines.
   - A host not heard from for O(host_timeout) seconds (a network partition drops traffic without closing the
-    connection) is lost: every other rank is stopped at once and the task fails naming the host; that host's
+    connection) is lost, every other rank is stopped at once and the task fails naming the host; that host's
     supervisor stops its ranks when it has not heard from the controller for as long. ssh connections get keepalives
     and a connect timeout within it. No write to one host can hold the others, the timeout or Ctrl-C up.
   - The ranks run as the user the connection logs in as (O(job)'s directory on each host is that user's own, mode

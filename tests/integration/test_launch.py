@@ -4,6 +4,7 @@ a hanging one, a program missing on one host, stale hostfiles, and stdin typed o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import launch_fast
+from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import HOST_MGMT_PORT
 
 from .conftest import ENV, REPO, LabHandle, drop_lab, new_lab, run_playbook, sh
 
@@ -442,3 +444,222 @@ def test_meshkit_launch_remembers_the_checked_plan_and_rechecks_on_the_hosts(lab
     again = meshkit_launch(*hello)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "checked 4 hosts against the plan" in again.stderr, again.stderr
+
+
+# ---- faults: a partitioned host, a killed agent -------------------------------------------------------
+
+
+def launch_in_background(lab: tuple[LabHandle, Path], **variables: Any) -> tuple[subprocess.Popen[str], str]:
+    """launch.yml started, not waited for: (the process, its job id)."""
+    handle, artifacts = lab
+    job = variables.setdefault("launch_job_id", f"t{uuid.uuid4().hex[:10]}")
+    argv = ["ansible-playbook", "launch.yml", "-i", str(handle.inventory), "-e", f"meshkit_artifacts_dir={artifacts}",
+            "-e", json.dumps(variables)]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=ENV, cwd=REPO
+    )
+    return proc, job
+
+
+def wait_for(what: str, condition: Any, within: float, every: float = 0.1) -> float:
+    """Wait until ``condition()`` is true; the seconds it took (the test fails after ``within``)."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > within:
+            pytest.fail(f"not within {within:g} s: {what}")
+        time.sleep(every)
+    return time.monotonic() - started
+
+
+def finished(proc: subprocess.Popen[str], within: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"launch.yml still running {within:g} s later:\n{out}")
+    return out
+
+
+def lines_with(handle: LabHandle, text: str) -> dict[str, int]:
+    """Per lab host, how many of its processes have ``text`` in their command line."""
+    return {
+        host: sum(text in line for line in listing.splitlines()) for host, listing in ps_on_every_host(handle).items()
+    }
+
+
+@contextlib.contextmanager
+def partitioned(handle: LabHandle, host: str) -> Iterator[None]:
+    """Every packet in or out of ``host``'s management interface silently dropped, inside its own
+    namespace: no close, no reset, nothing. This kernel has neither netem nor tc's drop action
+    (gact), nor nft/iptables userland; tc's u32 classifier with a mirred redirect to a device that
+    is down drops the packet (mirred answers TC_ACT_SHOT when it cannot deliver)."""
+    net = ["nsenter", "-t", str(holders(handle)[host]), "-n", "--"]
+    sh(*net, "ip", "link", "add", "mkdrop", "type", "veth", "peer", "name", "mkdrop-peer")  # both ends stay down
+    try:
+        sh(*net, "tc", "qdisc", "add", "dev", HOST_MGMT_PORT, "clsact")
+        for direction in ("ingress", "egress"):
+            sh(*net, "tc", "filter", "add", "dev", HOST_MGMT_PORT, direction, "protocol", "all",
+               "u32", "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", "mkdrop")  # fmt: skip
+        address = handle.hosts()[host]["ansible_host"]
+        assert sh("ping", "-c", "1", "-W", "1", address, check=False).returncode != 0, f"{host} still answers"
+        yield
+    finally:
+        sh(*net, "tc", "qdisc", "del", "dev", HOST_MGMT_PORT, "clsact", check=False)
+        sh(*net, "ip", "link", "del", "mkdrop", check=False)
+        address = handle.hosts()[host]["ansible_host"]
+        assert sh("ping", "-c", "1", "-W", "2", address, check=False).returncode == 0, f"{host} is still cut off"
+
+
+def job_processes(marker: str) -> dict[str, list[int]]:
+    """Per lab host (MESHKIT_HOST), the pids (this machine's numbering) whose environment holds ``marker``."""
+    out: dict[str, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in env:
+            host = next((e[13:].decode() for e in env if e.startswith(b"MESHKIT_HOST=")), "?")
+            out.setdefault(host, []).append(int(proc.name))
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+
+def test_a_partitioned_host_fails_the_launch_within_the_bound_and_every_rank_stops(lab):
+    """node3's traffic dropped mid-job: the launch fails naming node3 within the default host
+    timeout (20 s) plus the grace; every rank elsewhere is gone by then, and node3's own once its
+    agent has not heard from the controller for as long."""
+    handle, _ = lab
+    marker = f"MARKER=mkpart{uuid.uuid4().hex[:8]}"
+    proc, _job = launch_in_background(
+        lab,
+        launch_program=["sh", "-c", 'echo "rank $MESHKIT_RANK up"; sleep 600 & wait'],
+        launch_ranks_per_host=2,
+        launch_runtime="plain",
+        launch_env={"MARKER": marker.split("=", 1)[1]},
+        launch_timeout=300,
+    )
+    bound = 20 + 3  # the default host timeout, then the grace of the others' SIGTERM
+    try:
+        # Every rank runs: sh and its sleep, two ranks on each of the 4 hosts.
+        wait_for("8 ranks running", lambda: sorted(map(len, job_processes(marker).values())) == [4] * 4, 180, 0.5)
+        with partitioned(handle, "node3"):
+            cut = time.monotonic()
+            output = finished(proc, within=bound + 60)
+            to_exit = time.monotonic() - cut
+            at_exit = job_processes(marker)
+            wait_for("node3's ranks stopped by its own agent", lambda: not job_processes(marker), bound + 30)
+            to_node3_gone = time.monotonic() - cut
+        print(f"partition to launch exit: {to_exit:.1f} s; to node3's ranks gone: {to_node3_gone:.1f} s")
+        print("\n".join(line for line in output.splitlines() if "node3" in line and "meshkit launch:" in line))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    assert re.search(r"failed: rank \d \(node3\) lost the host's agent", output), output
+    # Whichever saw it first (ssh's keepalives or the launcher's heartbeats), the silence is named.
+    assert re.search(r"node3\).*(no word|without a word) from its agent", output), output
+    assert not re.search(r"rank \d \(node[124]\) lost", output), output
+    assert to_exit < bound + 10, (to_exit, output)  # + Ansible's own end of the play
+    assert set(at_exit) <= {"node3"}, at_exit  # every other host's ranks were gone when the launch ended
+    assert to_node3_gone < bound + 10
+    for host, listing in ps_on_every_host(handle).items():
+        assert "sleep 600" not in listing, (host, listing)
+    # The lab is usable again: a launch on every host works.
+    rc, again, _ = launch(lab, launch_program=["sh", "-c", "echo back"], launch_runtime="plain")
+    assert rc == 0, again
+
+
+def test_meshkit_launch_host_timeout_bounds_a_partition(lab):
+    """`meshkit launch --host-timeout 6`: node1 cut off, the launch exits 1 naming node1 within 6 s
+    plus the grace, and nothing of the job is left anywhere after node1's agent noticed too."""
+    handle, artifacts = lab
+    marker = f"MARKER=mkcli{uuid.uuid4().hex[:8]}"
+    argv = [PYTHON, MESHKIT, "launch", "-i", str(handle.inventory), "-r", "plain", "-n", "2", "-t", "300",
+            "--host-timeout", "6", "--grace", "1", "--no-stdin", "-x", marker,
+            "-e", f"meshkit_artifacts_dir={artifacts}",
+            "--", "sh", "-c", 'echo "rank $MESHKIT_RANK up"; sleep 600 & wait']  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
+    try:
+        wait_for("8 ranks running", lambda: sorted(map(len, job_processes(marker).values())) == [4] * 4, 180, 0.5)
+        with partitioned(handle, "node1"):
+            cut = time.monotonic()
+            output = finished(proc, within=60)
+            to_exit = time.monotonic() - cut
+            at_exit = job_processes(marker)
+            wait_for("node1's ranks stopped by its own agent", lambda: not job_processes(marker), 30)
+            to_node1_gone = time.monotonic() - cut
+        print(f"--host-timeout 6: partition to exit {to_exit:.1f} s; to node1's ranks gone {to_node1_gone:.1f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, output
+    assert re.search(r"rank \d \(node1\) lost the host's agent.*(no word|without a word) from its agent", output), (
+        output
+    )
+    assert to_exit < 6 + 1 + 4, (to_exit, output)
+    assert set(at_exit) <= {"node1"}, at_exit
+    assert to_node1_gone < 6 + 1 + 4
+
+
+def test_a_killed_agent_leaves_nothing_of_its_ranks(lab):
+    """SIGKILL to node2's agent while its ranks run, each with a child, a grandchild and two
+    daemons (one without the job's environment): nothing of them is left, and the launch fails
+    naming node2."""
+    handle, _ = lab
+    marker = f"MARKER=mkkill{uuid.uuid4().hex[:8]}"
+    seconds = str(100000 + uuid.uuid4().int % 800000)  # what every process of the families sleeps
+    proc, _job = launch_in_background(
+        lab,
+        launch_program=[PYTHON, str(PROGRAMS / "daemon_family.py"), seconds],
+        launch_ranks_per_host=2,
+        launch_runtime="plain",
+        launch_env={"MARKER": marker.split("=", 1)[1]},
+        launch_timeout=300,
+    )
+    try:
+        # Per host, 2 ranks x (the rank, sh, its sleep, a daemon, a daemon without environment).
+        wait_for("every family up", lambda: set(lines_with(handle, seconds).values()) == {10}, 180, 0.5)
+        ranks = [pid for pid in job_processes(marker)["node2"] if "daemon_family.py" in cmdline(pid)]
+        assert len(ranks) == 2, ranks
+        [agent] = {parent(pid) for pid in ranks}
+        watchdog = parent(agent)
+        assert "meshkit-launch-agent" in cmdline(agent) and "meshkit-launch-agent" in cmdline(watchdog)
+        killed = time.monotonic()
+        os.kill(agent, signal.SIGKILL)
+        gone = wait_for(
+            "nothing of node2's ranks left",
+            lambda: lines_with(handle, seconds)["node2"] == 0 and "node2" not in job_processes(marker),
+            within=30,
+            every=0.02,
+        )
+        output = finished(proc, within=60)
+        ended = time.monotonic() - killed
+        print(f"agent SIGKILL to nothing left on node2: {gone:.2f} s; to launch exit: {ended:.1f} s")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    assert re.search(r"failed: rank \d \(node2\) lost the host's agent", output), output
+    assert "node2: meshkit agent (pid" in output and "killed by SIGKILL; its watchdog killed" in output, output
+    assert gone < 5
+    # The other hosts' ranks were stopped by the launcher as usual, families included.
+    assert lines_with(handle, seconds) == {"node1": 0, "node2": 0, "node3": 0, "node4": 0}
+    assert job_processes(marker) == {}
