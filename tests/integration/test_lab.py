@@ -137,22 +137,32 @@ def test_rerun_changes_nothing_hosts_are_isolated_check_mode_is_truthful(make_la
 
 
 def settled_state(lab) -> dict[str, list[str]]:
-    """Per host, what is not settled yet, read straight from the kernel: mgmt0's address, an IPv6
-    link-local address on every interface (each has carrier here, bridge0 through its ports),
-    nothing tentative."""
+    """Per host, what is not settled yet, read straight from the kernel: mgmt0's address; an IPv6
+    link-local address on every interface that is up and has carrier (a bridge: one of its members
+    has), unless it generates none (networkd's bridge ports); nothing tentative."""
     lacking: dict[str, list[str]] = {}
+    base = lab.subnet.rsplit(".", 1)[0]
     for name, host in lab.hosts().items():
         ns = host["meshkit_lab_netns"]
-        for link in ip_json("-n", ns, "addr", "show"):
-            if link["ifname"] == "lo":
+        mgmt_ip = f"{base}.{int(name.removeprefix('node')) + 1}"
+        links = {link["ifname"]: link for link in ip_json("-n", ns, "-d", "link", "show")}
+        carrier = {n for n, link in links.items() if "LOWER_UP" in link["flags"]}
+        for addrs in ip_json("-n", ns, "addr", "show"):
+            ifname, infos = addrs["ifname"], addrs.get("addr_info", [])
+            link = links[ifname]
+            if ifname == "lo":
                 continue
-            infos = link.get("addr_info", [])
-            if not any(a["family"] == "inet6" and a.get("scope") == "link" for a in infos):
-                lacking.setdefault(name, []).append(f"{link['ifname']}: no link-local")
-            lacking.setdefault(name, []).extend(
-                f"{link['ifname']}: {a['local']} tentative" for a in infos if a.get("tentative")
+            members = [n for n, m in links.items() if m.get("master") == ifname]
+            has_carrier = ifname in carrier or (
+                link.get("linkinfo", {}).get("info_kind") == "bridge" and carrier & set(members)
             )
-            if link["ifname"] == "mgmt0" and not any(a.get("local") == host["ansible_host"] for a in infos):
+            wants_ll = "UP" in link["flags"] and has_carrier and link.get("inet6_addr_gen_mode") != "none"
+            if wants_ll and not any(a["family"] == "inet6" and a.get("scope") == "link" for a in infos):
+                lacking.setdefault(name, []).append(f"{ifname}: no link-local")
+            lacking.setdefault(name, []).extend(
+                f"{ifname}: {a['local']} tentative" for a in infos if a.get("tentative")
+            )
+            if ifname == "mgmt0" and not any(a.get("local") == mgmt_ip for a in infos):
                 lacking.setdefault(name, []).append("mgmt0: no management address")
     return {k: v for k, v in lacking.items() if v}
 
