@@ -497,9 +497,7 @@ def sweep_job(root: int, mark: str, groups: set[int], within: float = 5.0) -> li
         for group in list(groups):
             try:
                 os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                groups.discard(group)
-            except OSError:
+            except OSError:  # gone (or not ours): nothing more to do for it
                 groups.discard(group)
         pids = job_processes(root, mark) if sys.platform.startswith("linux") else set()
         pids.discard(root)
@@ -541,8 +539,11 @@ def watchdog(agent: int, read_fd: int, mark: str, log_path: str | None) -> int:
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            with contextlib.suppress(ValueError):
-                (groups.add if line[:1] == b"+" else groups.discard)(int(line[1:]))
+            if line[1:].isdigit():
+                if line.startswith(b"+"):
+                    groups.add(int(line[1:]))
+                else:
+                    groups.discard(int(line[1:]))
     while True:
         try:
             _pid, status = os.waitpid(agent, 0)
@@ -554,8 +555,10 @@ def watchdog(agent: int, read_fd: int, mark: str, log_path: str | None) -> int:
             continue
     killed = sweep_job(os.getpid(), mark, groups)
     if os.WIFSIGNALED(status):
-        how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
-        code = 128 + os.WTERMSIG(status)
+        number = os.WTERMSIG(status)
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
+        how = f"killed by {name}"
+        code = 128 + number
     else:
         how = f"exited {os.WEXITSTATUS(status)}"
         code = os.WEXITSTATUS(status)
