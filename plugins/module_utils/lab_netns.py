@@ -824,10 +824,19 @@ class Lab:
     # ---- names -------------------------------------------------------------
     def write_names_block(self) -> bool:
         """Add (or replace) the lab's block in this machine's hosts file; True when it changed."""
-        return update_hosts_block(self.hosts_file, self.plan.name, self.names_lines())
+        try:
+            return update_hosts_block(self.hosts_file, self.plan.name, self.names_lines())
+        except OSError as exc:
+            raise LabError(
+                f"lab_names: cannot write the lab's names into {self.hosts_file} ({exc}); make it writable "
+                "or point lab_hosts_file at this machine's hosts file"
+            ) from exc
 
     def remove_names_block(self) -> bool:
-        return update_hosts_block(self.hosts_file, self.plan.name, None)
+        try:
+            return update_hosts_block(self.hosts_file, self.plan.name, None)
+        except OSError as exc:
+            raise LabError(f"cannot remove lab {self.plan.name}'s names from {self.hosts_file}: {exc}") from exc
 
     def names_problem(self) -> str | None:
         """Why this machine's hosts file does not map the lab's names as built (None: it does)."""
@@ -1006,11 +1015,17 @@ def update_hosts_block(path: str, name: str, lines: list[str] | None) -> bool:
     """Write lab ``name``'s block into the hosts file at ``path`` (None: remove it); True when the
     file changed. In place (the file may be a bind mount, which a rename would break) and under an
     exclusive lock on the file, so labs built at the same time do not lose each other's names."""
+    if lines is None:
+        # Removing: touch (and lock) the file only when it holds the lab's block, so a lab without
+        # names never needs the hosts file writable.
+        try:
+            if BEGIN.format(name=name) not in Path(path).read_text():
+                return False
+        except FileNotFoundError:
+            return False
     try:
         handle = open(path, "r+")  # noqa: SIM115 - closed below, after the lock is released
     except FileNotFoundError:
-        if lines is None:
-            return False
         handle = open(path, "w+")  # noqa: SIM115
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
