@@ -158,6 +158,10 @@ def main() -> None:
                 for port in ports:
                     path, content = linux_persist.networkd_port(p["networkd_dir"], port)
                     files.wanted[path] = content
+                if p["bridge"] in {link["ifname"] for link in all_links} and not plan["kept"]:
+                    # The bridge stays down at boot too, as it is left now.
+                    path, content = linux_persist.networkd_bridge_down(p["networkd_dir"], p["bridge"])
+                    files.wanted[path] = content
             elif manager == "networkmanager" and not plan["refused"]:
                 plan["commands"] += linux_persist.nm_bridge_commands(run, ports, p["bridge"])
     except (linux_net.NetError, macos.MacError, RuntimeError) as exc:

@@ -81,6 +81,7 @@ management_interface:
 
 import platform
 import subprocess
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
@@ -105,12 +106,34 @@ def probe_linux(ports: list[dict], seconds: int) -> None:
         proc.wait(timeout=seconds + 5)
 
 
+def wait_for_link_local(run, names: list[str], seconds: float) -> list[str]:
+    """Wait until every port in names has a usable IPv6 link-local address (duplicate-address
+    detection done: the probe's source); the ports still without one at the deadline. A port that
+    has just left a bridge (networkd reconfiguring it) gets its address a second or two later."""
+    deadline = time.monotonic() + seconds
+    while True:
+        ready = {
+            a["ifname"]
+            for a in linux_net.addresses(run)
+            if any(
+                i.get("family") == "inet6" and i.get("scope") == "link" and not i.get("tentative")
+                for i in a.get("addr_info", [])
+            )
+        }
+        waiting = [n for n in names if n not in ready]
+        if not waiting or time.monotonic() > deadline:
+            return waiting
+        time.sleep(0.1)
+
+
 def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
     all_links = linux_net.links(run)
     mgmt = find_management_interface(module, run, darwin=False)
     candidates = linux_net.candidate_ports(all_links, params["peer_ports"], mgmt)
     probe = [p for p in candidates if not p.get("master") and "UP" in p.get("flags", [])]
     if probe:
+        # Only ports with carrier will get a link-local address; an unplugged one is not waited for.
+        wait_for_link_local(run, [p["ifname"] for p in probe if "LOWER_UP" in p.get("flags", [])], 10)
         probe_linux(probe, params["probe_seconds"])
     neigh = linux_net.neighbours(run)
     own_macs = {link.get("address", "").lower() for link in all_links}

@@ -83,8 +83,10 @@ def test_bridge_detach_with_networkd(linux, tmp_path):
         ["ip", "link", "set", "dev", "bridge0", "down"],
         ["networkctl", "reload"],
     ]
-    assert result["files"] == [str(tmp_path / "00-meshkit-tb0.network")]
+    assert result["files"] == [str(tmp_path / "00-meshkit-bridge0.network"), str(tmp_path / "00-meshkit-tb0.network")]
     assert "Name=tb0" in (tmp_path / "00-meshkit-tb0.network").read_text()
+    # The emptied bridge stays down at boot too (a factory file would bring it back up).
+    assert "ActivationPolicy=down" in (tmp_path / "00-meshkit-bridge0.network").read_text()
     assert result["persistence"].startswith("systemd-networkd")
 
 
