@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import ipaddress
+import shlex
 import socket
+import subprocess
 
+from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
 
@@ -31,19 +34,50 @@ def source_addresses(target: str, port: int = 22) -> list[str]:
     return out
 
 
+def ssh_proxy(target: str, options: list[str]) -> str | None:
+    """The jump host or proxy command ssh would use to reach ``target`` (``ssh -G`` prints the
+    effective configuration, ~/.ssh/config included, without connecting), or None."""
+    try:
+        proc = subprocess.run(["ssh", "-G", *options, target], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("proxyjump", "proxycommand") and value.strip() and value.strip() != "none":
+            return f"{key} {value.strip()}"
+    return None
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
+
+    def _ssh_options(self) -> list[str]:
+        options: list[str] = []
+        for name in ("ssh_args", "ssh_common_args", "ssh_extra_args"):
+            try:
+                value = self._connection.get_option(name)
+            except (KeyError, AttributeError, AnsibleError):
+                continue
+            options += shlex.split(value or "")
+        return options
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         target = args.get("address") or self._play_context.remote_addr
-        if target and not args.get("controller_addresses"):
+        proxy = None
+        if target and self._connection.transport in ("ssh", "ansible.builtin.ssh", "ansible.legacy.ssh"):
+            proxy = ssh_proxy(str(target), self._ssh_options())
+        if target and not args.get("controller_addresses") and proxy is None:
             port = self._play_context.port or 22
             args["controller_addresses"] = source_addresses(str(target), int(port))
         result.update(
             self._execute_module(module_name="meshkit.cluster.management", module_args=args, task_vars=task_vars)
         )
         result["controller_addresses"] = args.get("controller_addresses", [])
+        if proxy:
+            # Behind a jump host the host sees the jump host, not this machine: the controller's own
+            # address would only mislead.
+            result["controller_addresses_skipped"] = f"ssh reaches the host through {proxy}"
         return result

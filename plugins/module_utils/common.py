@@ -59,7 +59,12 @@ def find_management_interface(module: Any, run, darwin: bool) -> str:
     found = []
     if not p.get("management_interface"):
         found = management.findings(
-            p.get("management_address"), p.get("controller_addresses") or [], net, route, management.system_resolve
+            p.get("management_address"),
+            p.get("controller_addresses") or [],
+            net,
+            route,
+            management.system_resolve,
+            peer_ports=p.get("peer_ports") or [],
         )
     try:
         return management.decide(p.get("management_address") or "this host", p.get("management_interface"), found, net)

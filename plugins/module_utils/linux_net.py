@@ -61,6 +61,30 @@ def matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def protected(all_links: list[dict[str, Any]], mgmt: str | None) -> set[str]:
+    """The management interface and every interface it depends on: the device a VLAN or macvlan
+    rests on (``link``), recursively, and the ports of a bond or bridge it is (``master``). None of
+    them is ever a peer port: a change to one cuts the management connection too."""
+    if not mgmt:
+        return set()
+    lower = {link["ifname"]: link.get("link") for link in all_links}
+    members: dict[str, list[str]] = {}
+    for link in all_links:
+        if link.get("master"):
+            members.setdefault(link["master"], []).append(link["ifname"])
+    out: set[str] = set()
+    todo = [mgmt]
+    while todo:
+        name = todo.pop()
+        if not name or name in out:
+            continue
+        out.add(name)
+        if lower.get(name) in lower:  # a lower device in this namespace (a veth's peer elsewhere is not)
+            todo.append(lower[name])
+        todo.extend(members.get(name, []))
+    return out
+
+
 def refuse_if_management(mgmt: str | None, bridge: str, by_name: dict[str, dict[str, Any]]) -> str | None:
     """Why the bridge must not be touched, or None. Fails closed: an unknown management interface
     is a refusal, never a licence."""
@@ -71,6 +95,16 @@ def refuse_if_management(mgmt: str | None, bridge: str, by_name: dict[str, dict[
         )
     if mgmt == bridge:
         return f"the management connection runs over {bridge} itself ({mgmt}); refusing to change {bridge}"
+    rests_on = sorted(
+        n
+        for n in protected(list(by_name.values()), mgmt)
+        if n != mgmt and (n == bridge or by_name[n].get("master") == bridge)
+    )
+    if rests_on:
+        return (
+            f"the management interface {mgmt} rests on {', '.join(rests_on)}, which is {bridge} or one of its "
+            f"members; taking {bridge} apart would cut the connection this play runs over. Nothing was changed"
+        )
     if by_name.get(mgmt, {}).get("master") == bridge:
         return (
             f"the management interface {mgmt} is a member of {bridge}; taking the bridge apart would cut "
@@ -102,11 +136,14 @@ def plan_bridge(all_links: list[dict[str, Any]], bridge: str, patterns: list[str
 
 
 def candidate_ports(all_links: list[dict[str, Any]], patterns: list[str], mgmt: str | None) -> list[dict[str, Any]]:
+    """Interfaces that may be peer ports: matching ``patterns``, never a bridge, ``lo``, the
+    management interface or anything it depends on (see ``protected``)."""
+    keep_off = protected(all_links, mgmt) | {"lo"}
     out = []
     for link in all_links:
         name = link["ifname"]
         kind = link.get("linkinfo", {}).get("info_kind")
-        if name in (mgmt, "lo") or kind == "bridge" or not matches(name, patterns):
+        if name in keep_off or kind == "bridge" or not matches(name, patterns):
             continue
         out.append(link)
     return sorted(out, key=lambda link: link["ifname"])

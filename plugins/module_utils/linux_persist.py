@@ -253,7 +253,20 @@ def module_write(module: Any, run: Run, files: FileSet, changes: list[dict[str, 
     another file than meshkit's, the module fails saying so: the files are written but the host
     would not boot into what they say.
     """
-    if not changes or module.check_mode:
+    if module.check_mode:
+        return
+    if not changes:
+        # Nothing to write, but still true? Another file that sorts first may have appeared since
+        # the run that wrote these: say so on every run, not only the one that changed something.
+        ours = [{"path": path, "after": content} for path, content in files.wanted.items() if content]
+        stale = networkd_not_applied(run, ours, timeout=0)
+        if stale:
+            module.fail_json(
+                msg="systemd-networkd does not configure these ports from meshkit's files: "
+                + "; ".join(stale)
+                + ". Another .network file that sorts first matches them (networkd uses the first that matches)",
+                files=sorted(files.wanted),
+            )
         return
     files.apply()
     if not any(c["path"].endswith((".network", ".conf")) for c in changes):
@@ -312,6 +325,8 @@ def networkd_not_applied(
         problems = []
         for port, network_file in sorted(wanted.items()):
             rc, out, err = run(["networkctl", "status", "--json=short", port])
+            if rc != 0 and "json" in err.lower() and ("unrecognized" in err or "unknown" in err.lower()):
+                return []  # systemd before 250 has no --json: nothing to check with; the files stand
             try:
                 applied = json.loads(out).get("NetworkFile") if rc == 0 else None
             except ValueError:

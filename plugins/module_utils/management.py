@@ -64,14 +64,32 @@ class HostNet:
     addresses: dict[str, list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]] = field(default_factory=dict)
     # (destination network, interface, text for messages)
     routes: list[tuple[ipaddress.IPv4Network, str, str]] = field(default_factory=list)
-    bridge_members: dict[str, list[str]] = field(default_factory=dict)
+    bridge_members: dict[str, list[str]] = field(default_factory=dict)  # master -> its ports (bonds too)
+    lower: dict[str, str] = field(default_factory=dict)  # a VLAN / macvlan -> the device it rests on
+
+    def holders(self, address: str) -> list[str]:
+        ip = ipaddress.ip_address(_split_scope(address)[0])
+        return sorted(name for name, addrs in self.addresses.items() if any(a.ip == ip for a in addrs))
 
     def interface_of(self, address: str) -> str | None:
-        ip = ipaddress.ip_address(address)
-        for name, addrs in self.addresses.items():
-            if any(a.ip == ip for a in addrs):
-                return name
-        return None
+        """The interface holding ``address``, when exactly one does."""
+        holders = self.holders(address)
+        return holders[0] if len(holders) == 1 else None
+
+    def depends(self, interface: str) -> set[str]:
+        """``interface`` and every interface it rests on or carries: its lower device (a VLAN's or
+        macvlan's ``link``), recursively, and the members of each (a bond's or bridge's ports)."""
+        out: set[str] = set()
+        todo = [interface]
+        while todo:
+            name = todo.pop()
+            if name in out or not name:
+                continue
+            out.add(name)
+            if self.lower.get(name):
+                todo.append(self.lower[name])
+            todo.extend(self.bridge_members.get(name, []))
+        return out
 
 
 def _is_loopback(address: str) -> bool:
@@ -126,6 +144,8 @@ def linux_hostnet(run: Run) -> HostNet:
                 continue
         if link.get("master"):
             net.bridge_members.setdefault(link["master"], []).append(link["ifname"])
+        if link.get("link") and link["link"] != link["ifname"]:
+            net.lower[link["ifname"]] = link["link"]
     for r in _json(run, ["ip", "-j", "-4", "route", "show", "table", "all"]):
         dst = r.get("dst", "")
         if dst in ("", "default") or r.get("type") in ("broadcast", "multicast"):
@@ -258,6 +278,73 @@ def darwin_route_interface(run: Run, address: str) -> tuple[str | None, str]:
 
 
 # ---- the decision ------------------------------------------------------------------------------
+def _locate(net: HostNet, address: str, scope: str | None) -> tuple[str | None, str]:
+    """The one interface of this host holding ``address`` (a resolver's scope picks among several)."""
+    holders = net.holders(address)
+    if scope and scope in holders:
+        return scope, f"{address} on {scope}"
+    if len(holders) == 1:
+        return holders[0], f"{address} on {holders[0]}"
+    if not holders:
+        return None, f"{address}, which no interface of this host holds"
+    return None, f"{address}, held by {', '.join(holders)}: tells nothing"
+
+
+def _link_local(address: str) -> bool:
+    return ipaddress.ip_address(address).is_link_local
+
+
+def _name_findings(source: str, target: str, net: HostNet, resolve: Resolve, peer_ports: list[str]) -> list[Finding]:
+    base, _zone = _split_scope(target)
+    try:
+        ipaddress.ip_address(base)
+    except ValueError:
+        try:
+            resolved = resolve(target)
+        except (OSError, UnicodeError) as exc:
+            return [Finding(source, f"does not resolve here ({exc})")]
+    else:
+        # A literal address: its zone, if any, names the controller's interface, not this host's.
+        resolved = [(base, None)]
+    if not resolved:
+        return [Finding(source, "resolves to nothing")]
+    usable = [(a, s) for a, s in resolved if not _is_loopback(a)]
+    if not usable:
+        shown = ", ".join(a for a, _ in resolved)
+        return [Finding(source, f"{shown} only (loopback: this host maps the name to itself): tells nothing")]
+    answers: list[tuple[str, str | None, str]] = []
+    for address, scope in usable:
+        iface, detail = _locate(net, address, scope)
+        if iface and peer_ports and matches(iface, peer_ports):
+            # mDNS answers a Mac's name with every address it has, the cable addresses too.
+            iface, detail = None, f"{address} on the peer port {iface} (a cable address): tells nothing"
+        answers.append((address, iface, detail))
+    # A name that answers on several interfaces says which one only through its routable answers
+    # (link-local ones, as mDNS adds, are on every interface); if those still disagree, it tells nothing.
+    routable = {i for a, i, _ in answers if i and not _link_local(a)}
+    chosen = routable or {i for _a, i, _d in answers if i}
+    out = []
+    for _address, iface, detail in answers:
+        if iface and len(chosen) == 1 and iface in chosen:
+            out.append(Finding(source, detail, iface))
+        elif iface and len(chosen) > 1:
+            out.append(
+                Finding(
+                    source,
+                    f"{detail}, but the name also answers on {', '.join(sorted(chosen - {iface}))}: tells nothing",
+                )
+            )
+        elif iface:
+            out.append(
+                Finding(
+                    source, f"{detail} (link-local; the name's routable answers say {', '.join(chosen)}): tells nothing"
+                )
+            )
+        else:
+            out.append(Finding(source, detail))
+    return out
+
+
 def findings(
     target: str | None,
     controllers: Iterable[str],
@@ -265,28 +352,14 @@ def findings(
     route_interface: Callable[[str], tuple[str | None, str]],
     resolve: Resolve,
     environ: dict[str, str] | None = None,
+    peer_ports: list[str] | None = None,
 ) -> list[Finding]:
     """Every answer the host gives: ``target`` (ansible_host) resolved here, the route back to each
-    controller address, and SSH_CONNECTION's two addresses when present."""
+    controller address, and SSH_CONNECTION's two addresses when present. ``peer_ports`` (patterns or
+    names): an answer on a peer port is a cable address and tells nothing about management."""
     out: list[Finding] = []
     if target:
-        source = f"ansible_host {target!r} resolved on the host"
-        try:
-            resolved = resolve(target)
-        except (OSError, UnicodeError) as exc:
-            out.append(Finding(source, f"does not resolve here ({exc})"))
-            resolved = []
-        else:
-            if not resolved:
-                out.append(Finding(source, "resolves to nothing"))
-        usable = [(a, s) for a, s in resolved if not _is_loopback(a)]
-        if resolved and not usable:
-            shown = ", ".join(a for a, _ in resolved)
-            out.append(Finding(source, f"{shown} only (loopback: this host maps the name to itself): tells nothing"))
-        for address, scope in usable:
-            iface = scope or net.interface_of(address)
-            detail = f"{address} on {iface}" if iface else f"{address}, which no interface of this host holds"
-            out.append(Finding(source, detail, iface))
+        out += _name_findings(f"ansible_host {target!r} resolved on the host", target, net, resolve, peer_ports or [])
     ssh_controller, ssh_local = ssh_connection(environ)
     seen: set[str] = set()
     for given in [*controllers, *([ssh_controller] if ssh_controller else [])]:
@@ -295,11 +368,14 @@ def findings(
             continue
         seen.add(address)
         label = "SSH_CONNECTION's client" if address == ssh_controller else "the controller"
+        if ipaddress.ip_address(address).version == 6 and _link_local(address):
+            # Without its zone a link-local route lookup answers with whichever interface comes first.
+            out.append(Finding(f"route to {label} {address}", "link-local, no zone on this host: tells nothing"))
+            continue
         iface, detail = route_interface(address)
         out.append(Finding(f"route to {label} {address}", detail, iface))
     if ssh_local:
-        iface = net.interface_of(ssh_local)
-        detail = f"{ssh_local} on {iface}" if iface else f"{ssh_local}, which no interface of this host holds"
+        iface, detail = _locate(net, ssh_local, None)
         out.append(Finding("SSH_CONNECTION's server address", detail, iface))
     return out
 
@@ -359,8 +435,8 @@ def pool_conflicts(
             if a.version == 4 and a.network.overlaps(network):
                 conflicts.append(f"address {a} on {iface}")
     for dst, iface, text in net.routes:
-        if ours(iface) or dst.prefixlen == 0:
-            continue
+        if ours(iface) or dst.prefixlen <= 1:
+            continue  # a default route, or one half of a VPN's split default (0/1 and 128.0/1)
         if dst.overlaps(network):
             conflicts.append(f"route {text}")
     for what, addresses in (others or {}).items():

@@ -112,7 +112,9 @@ def establish(params: dict, run, system: str, resolve: mg.Resolve, environ: dict
         net = mg.linux_hostnet(run)
         route = lambda a: mg.linux_route_interface(run, a)  # noqa: E731
         peers = list(params.get("peer_ports") or [])
-    found = mg.findings(params.get("address"), params.get("controller_addresses") or [], net, route, resolve, environ)
+    found = mg.findings(
+        params.get("address"), params.get("controller_addresses") or [], net, route, resolve, environ, peers
+    )
     result: dict = {"findings": [f.as_dict() for f in found], "interface": None}
     try:
         mgmt = mg.decide(host, params.get("interface"), found, net)
@@ -130,10 +132,19 @@ def establish(params: dict, run, system: str, resolve: mg.Resolve, environ: dict
             "thunderbolt-bridge.md); nothing was changed on any host",
         }
     if params.get("pool"):
-        addresses = {"the controller's address": params.get("controller_addresses") or []}
+        ssh_client = mg.ssh_connection(environ)[0]
+        addresses = {
+            "the controller's address": params.get("controller_addresses") or [],
+            "SSH_CONNECTION's client": [ssh_client] if ssh_client else [],
+        }
         if params.get("address"):
             with contextlib.suppress(OSError, UnicodeError):
-                addresses["ansible_host"] = [a for a, _ in resolve(params["address"])]
+                # Answers on peer ports are cable addresses meshkit itself gave (mDNS names them too).
+                addresses["ansible_host"] = [
+                    a
+                    for a, _ in resolve(params["address"])
+                    if not any(mg.matches(h, peers) for h in net.holders(a)) or not peers
+                ]
         conflicts = mg.pool_conflicts(params["pool"], net, peers, mgmt, addresses)
         if conflicts:
             return {**result, "failed": True, "msg": mg.refuse_pool(host, params["pool"], conflicts)}

@@ -232,3 +232,24 @@ def test_module_write_fails_clearly_when_networkd_cannot_reload(tmp_path):
     fine = fake({("networkctl", "reload"): (0, "", "")}, calls)
     lp.module_write(FakeModule(), fine, files, [])
     assert calls == []  # nothing changed: no reload
+
+
+def test_module_write_checks_on_every_run_that_networkd_uses_meshkits_files(tmp_path):
+    # A run with nothing to write still fails when another file (one that sorts first, added since)
+    # configures a port: a second run must not pass just because the first one wrote the files.
+    # "lo" stands for a port that exists on this machine (the check skips ports that do not).
+    files = lp.FileSet()
+    path, content = lp.networkd_port(str(tmp_path), "lo")
+    files.wanted[path] = content
+    files.apply()
+    other = fake(status_of({"lo": "/etc/systemd/network/00-aaa.network"}), [])
+    with pytest.raises(RuntimeError) as info:
+        lp.module_write(FakeModule(), other, files, files.changes())
+    assert f"lo: configured from /etc/systemd/network/00-aaa.network, not {path}" in str(info.value)
+    ours = fake(status_of({"lo": path}), [])
+    lp.module_write(FakeModule(), ours, files, files.changes())  # no failure
+    old = fake(
+        {("networkctl", "status", "--json=short", "lo"): (1, "", "networkctl: unrecognized option '--json=short'\n")},
+        [],
+    )
+    lp.module_write(FakeModule(), old, files, files.changes())  # systemd < 250: nothing to check with

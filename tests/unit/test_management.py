@@ -169,9 +169,66 @@ def test_an_ipv6_management_address_and_controller():
     assert [f["interface"] for f in result["findings"]] == ["mgmt0", "mgmt0"]
 
 
-def test_a_link_local_name_answer_names_its_own_interface():
-    result = establish({"address": "node1.local"}, host(*FRESH), resolver({"node1.local": [("fe80::1", "mgmt0")]}))
+MGMT0_LL = "fe80::8005:99ff:fee2:c3e5"  # mgmt0's link-local address in the fresh recording
+
+
+def test_a_link_local_name_answer_names_the_interface_holding_it():
+    result = establish({"address": "node1.local"}, host(*FRESH), resolver({"node1.local": [(MGMT0_LL, "mgmt0")]}))
     assert result["interface"] == "mgmt0"
+    # A scope that does not hold the address is not believed.
+    wrong = establish({"address": "node1.local"}, host(*FRESH), resolver({"node1.local": [("fe80::1", "tb0")]}))
+    assert wrong["failed"] is True
+    assert "fe80::1, which no interface of this host holds" in wrong["msg"]
+
+
+def test_the_zone_of_a_literal_ansible_host_is_the_controllers_not_the_hosts():
+    # fe80::...%lo on the controller: "lo" names the controller's interface; the host holds the
+    # address on mgmt0.
+    result = establish({"address": f"{MGMT0_LL}%lo"}, host(*FRESH))
+    assert result["interface"] == "mgmt0", result
+
+
+def test_a_link_local_controller_address_tells_nothing():
+    run = host(*FRESH)
+    result = establish({"address": "node1", "controller_addresses": ["fe80::c"]}, run, resolver({"node1": []}))
+    assert result["failed"] is True
+    assert "route to the controller fe80::c: link-local, no zone on this host: tells nothing" in result["msg"]
+    assert not [c for c in run.calls if c[:4] == ["ip", "-j", "route", "get"]]
+
+
+def test_a_name_answering_on_several_interfaces_goes_by_its_routable_answers():
+    # mDNS answers a host's own name with every address it has: the management one, link-local
+    # ones and, once set up, the cable addresses. The cable and link-local answers tell nothing.
+    converged = host(*CONVERGED)
+    answers = {"node1.local": [(MGMT0_LL, "mgmt0"), ("198.18.128.1", None), (NODE1, None)]}
+    result = establish({"address": "node1.local", "peer_ports": ["tb*"]}, converged, resolver(answers))
+    assert result["interface"] == "mgmt0", result
+    details = [f["detail"] for f in result["findings"]]
+    assert "198.18.128.1 on the peer port tb0 (a cable address): tells nothing" in details
+    assert f"{NODE1} on mgmt0" in details
+    # Two routable answers on two interfaces, neither a peer port: the name tells nothing.
+    split = establish({"address": "node1.local", "peer_ports": ["eth*"]}, converged, resolver(answers))
+    assert split["failed"] is True
+    assert "but the name also answers on" in split["msg"]
+
+
+def test_the_lower_device_of_the_management_interface_is_never_a_peer_port():
+    # Management on a VLAN (or macvlan) of a device the peer patterns match: that device is never
+    # planned, detached or persisted (its own .network file would drop the VLAN at the next boot).
+    links = json.loads(text("lab_node1_fresh_ip_link.json"))
+    vlan = {"ifname": "tb0.100", "link": "tb0", "flags": ["UP", "LOWER_UP"], "linkinfo": {"info_kind": "vlan"}}
+    links = [*links, vlan]
+    assert "tb0" not in [c["ifname"] for c in linux_net.candidate_ports(links, ["tb*"], "tb0.100")]
+    plan = linux_net.plan_bridge(links, "bridge0", ["tb*"], "tb0.100")
+    assert plan["commands"] == [] and "tb0" in plan["refused"]
+    addrs = json.loads(text("lab_node1_fresh_ip_addr.json"))
+    addrs.append({"ifname": "tb0.100", "link": "tb0", "addr_info": []})
+    net = mg.HostNet()
+    for link in addrs:
+        net.addresses.setdefault(link["ifname"], [])
+        if link.get("link"):
+            net.lower[link["ifname"]] = link["link"]
+    assert net.depends("tb0.100") == {"tb0.100", "tb0"}
 
 
 @pytest.mark.parametrize("how", ["address", "route"])
@@ -238,8 +295,15 @@ def test_pool_addresses_count_only_on_peer_ports_and_never_on_the_management_int
     assert "address 198.18.128.1/30 on tb0" in mg.pool_conflicts(POOL, net, ["tb*"], "tb0")
 
 
-def test_the_default_route_never_counts():
-    net = mg.HostNet(routes=[(mg.ipaddress.IPv4Network("0.0.0.0/0"), "eth0", "default via 10.0.0.1 dev eth0")])
+def test_default_routes_never_count_split_ones_included():
+    net = mg.HostNet(
+        routes=[
+            (mg.ipaddress.IPv4Network("0.0.0.0/0"), "eth0", "default via 10.0.0.1 dev eth0"),
+            # A full-tunnel VPN's split default (netstat: 0/1 and 128.0/1 through utun3).
+            (mg.ipaddress.IPv4Network("0.0.0.0/1"), "utun3", "0/1 utun3"),
+            (mg.ipaddress.IPv4Network("128.0.0.0/1"), "utun3", "128.0/1 utun3"),
+        ]
+    )
     assert mg.pool_conflicts(POOL, net, [], "eth0") == []
 
 
@@ -404,3 +468,19 @@ def test_mac_pool_overlapping_a_lan_address_or_a_route_is_refused():
     assert "route 192.168.64 link#7 UCS en0" in result["msg"]
     ok = establish_mac({"address": SONOMA_EN0, "pool": POOL})
     assert ok.get("failed") is None, ok
+
+
+# ---- the controller's side (action plugin) -------------------------------------------------------
+def test_the_controllers_source_address_toward_a_host():
+    from ansible_collections.meshkit.cluster.plugins.action import management as action
+
+    assert action.source_addresses("127.0.0.1") == ["127.0.0.1"]
+    assert action.source_addresses("no-such-host.invalid") == []
+
+
+def test_a_jump_host_is_seen_in_sshs_effective_configuration():
+    from ansible_collections.meshkit.cluster.plugins.action import management as action
+
+    assert action.ssh_proxy("node1.example", ["-o", "ProxyJump=admin@bastion"]) == "proxyjump admin@bastion"
+    assert action.ssh_proxy("node1.example", ["-o", "ProxyCommand=nc %h %p"]) == "proxycommand nc %h %p"
+    assert action.ssh_proxy("node1.example", ["-F", "/dev/null"]) is None
