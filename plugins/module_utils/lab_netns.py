@@ -567,6 +567,7 @@ class Lab:
                 "network_daemon": self.plan.network_daemon,
                 "binds": binds,
                 "home": {"user": LAB_USER, "source": str(self.home_dir(h.name))} if sudo else None,
+                "traverse": ["/root"] if sudo else [],
             }
             (self.host_dir(h.name) / "init.json").write_text(json.dumps(config, indent=2) + "\n")
 

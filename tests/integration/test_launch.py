@@ -22,7 +22,7 @@ import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import launch_fast
 from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import HOST_MGMT_PORT
 
-from .conftest import ENV, REPO, LabHandle, drop_lab, new_lab, run_playbook, sh
+from .conftest import ENV, REPO, LabHandle, drop_lab, ip_json, new_lab, run_playbook, sh
 
 PROGRAMS = Path(__file__).parent / "programs"
 PYTHON = str(REPO / ".venv" / "bin" / "python")
@@ -32,7 +32,10 @@ VENV = "/var/lib/meshkit/meshccl"  # each lab host's own meshccl (its /var/lib/m
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, Path]]:
-    handle = new_lab(f"mkt{os.getpid() % 1000}l", lab_size=4, lab_shape="mesh")
+    """A 4-host mesh reached the way real clusters are: hosts by name (ansible_host resolves on the
+    controller and on the hosts, each of which maps its own short name to 127.0.1.1), as the login
+    user meshadmin with sudo (root cannot log in; setup.yml becomes root, jobs run as meshadmin)."""
+    handle = new_lab(f"mkt{os.getpid() % 1000}l", lab_size=4, lab_shape="mesh", lab_access="sudo", lab_names=True)
     artifacts = tmp_path_factory.mktemp("launch-artifacts")
     try:
         built = handle.up()
@@ -91,11 +94,47 @@ def processes_with_env(marker: str) -> list[str]:
 def put_program(handle: LabHandle, program: str, hosts: str) -> None:
     """A script at ``program`` on ``hosts`` only (/var/lib/meshkit is each lab host's own)."""
     made = handle.ansible(
-        "-m", "ansible.builtin.shell",
+        "-b", "-m", "ansible.builtin.shell",
         "-a", f"mkdir -p /var/lib/meshkit/bin && printf '#!/bin/sh\\necho hi\\n' > {program} && chmod +x {program}",
         pattern=hosts,
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
+
+
+def test_setup_by_name_as_a_sudo_user_converged_is_idempotent_and_check_changes_nothing(lab):
+    """The fixture's setup.yml converged a cluster reached by name as meshadmin with become, where no
+    module saw SSH_CONNECTION (sudo drops it) and each host maps its own name to loopback: the
+    management interface came from the name resolved on the host and the route back to the
+    controller. A second run changes nothing; --check --diff changes nothing and says so."""
+    handle, artifacts = lab
+    hosts = handle.hosts()
+    assert all(h["ansible_host"] == f"{n}.{handle.name}.meshkit.test" for n, h in hosts.items()), hosts
+    found = handle.ansible(
+        "-b", "-m", "meshkit.cluster.management", "-a", "host={{ inventory_hostname }} address={{ ansible_host }}"
+    )
+    assert found.returncode == 0, found.stdout + found.stderr
+    # The result (ansible.cfg prints it as YAML): per host, the interface it established.
+    assert sorted(re.findall(r"^(\S+) \| SUCCESS", found.stdout, re.M)) == sorted(hosts), found.stdout
+    assert len(re.findall(r"^    interface: mgmt0$", found.stdout, re.M)) == 4, found.stdout
+    assert "SSH_CONNECTION" not in found.stdout, found.stdout  # become's environment has none
+    assert found.stdout.count(".meshkit.test' resolved on the host") == 4, found.stdout
+
+    before = {n: ip_json("-n", h["meshkit_lab_netns"], "addr", "show") for n, h in hosts.items()}
+    again = run_playbook("setup.yml", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory))
+    assert again.rc == 0, again.output
+    assert set(again.recap) == set(hosts) and again.changed == 0, again.output
+    assert re.search(r"node1: management mgmt0 \(never touched\)", again.output), again.output
+    check = run_playbook(
+        "setup.yml", "--check", "--diff", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory)
+    )
+    assert check.rc == 0, check.output
+    assert check.changed == 0, check.output
+    after = {n: ip_json("-n", h["meshkit_lab_netns"], "addr", "show") for n, h in hosts.items()}
+    strip = lambda state: {  # noqa: E731 - lifetimes of addresses tick; what is there must not change
+        n: sorted((link["ifname"], a["local"], a["prefixlen"]) for link in links for a in link.get("addr_info", []))
+        for n, links in state.items()
+    }
+    assert strip(after) == strip(before)
 
 
 def test_meshccl_all_reduce_on_4_hosts_x_2_ranks(lab):
@@ -306,7 +345,9 @@ def test_a_program_missing_on_one_host_fails_the_preflight(lab):
         assert "node1: program" not in output
         assert summary is None  # nothing started
     finally:
-        handle.ansible("-m", "ansible.builtin.file", "-a", f"path={program} state=absent", pattern="node1,node2,node3")
+        handle.ansible(
+            "-b", "-m", "ansible.builtin.file", "-a", f"path={program} state=absent", pattern="node1,node2,node3"
+        )
 
 
 def test_stale_hostfiles_fail_the_launch(lab):
@@ -424,7 +465,9 @@ def test_meshkit_launch_remembers_the_checked_plan_and_rechecks_on_the_hosts(lab
         assert f"node3: program {program} not found, or not executable" in refused.stderr, refused.stderr
         assert "running every check" not in refused.stderr and "node1: program" not in refused.stderr
     finally:
-        handle.ansible("-m", "ansible.builtin.file", "-a", f"path={program} state=absent", pattern="node1,node2,node4")
+        handle.ansible(
+            "-b", "-m", "ansible.builtin.file", "-a", f"path={program} state=absent", pattern="node1,node2,node4"
+        )
 
     # A cable taken down: the hosts' check names both ends, launch.yml rediscovers and refuses.
     link = context["plan"]["per_host"]["node3"][0]
@@ -675,36 +718,27 @@ def test_a_killed_agent_leaves_nothing_of_its_ranks(lab):
 # ---- a non-root login user (lab_access=sudo) ---------------------------------------------------------
 
 
-def test_ranks_run_as_the_login_user_of_a_sudo_lab(tmp_path):
+def test_ranks_run_as_the_login_user_in_a_job_directory_of_its_own(lab):
     """Reached as meshadmin with sudo (setup.yml becomes root): a job's ranks run as meshadmin, in a
-    job directory of meshadmin's own (0700) inside <state_dir>/jobs, which is sticky and
-    world-writable (setup.yml's); an older state directory without it is refused naming the fix."""
-    handle = new_lab(f"mkt{os.getpid() % 1000}s", lab_size=2, lab_shape="line", lab_access="sudo")
+    job directory of meshadmin's own (0700) inside <state_dir>/jobs, which setup.yml made sticky and
+    world-writable; a host whose state directory lacks it is refused naming the fix."""
+    handle, _ = lab
+    jobs = "/var/lib/meshkit/jobs"
+    shown = handle.ansible("-m", "ansible.builtin.command", "-a", f"stat -c '%U %a' {jobs}")
+    assert shown.stdout.count("root 1777") == 4, shown.stdout
+    script = 'echo "$(id -un) in $(stat -c "%U %a" /var/lib/meshkit/jobs/$MESHKIT_JOB_ID)"'
+    rc, output, summary = launch(lab, launch_program=["sh", "-c", script], launch_runtime="plain")
+    assert rc == 0, output
+    assert re.findall(r"^\[\d\|node\d\] (.*)$", output, re.M) == ["meshadmin in meshadmin 700"] * 4, output
+    assert summary is not None and summary["ok"]
+    # An older state directory without the shared jobs directory: the launch names host, directory, fix.
+    node3 = holders(handle)["node3"]
+    sh("nsenter", "-t", str(node3), "-m", "--", "rm", "-rf", jobs)
     try:
-        built = handle.up()
-        assert built.rc == 0, built.output
-        setup = run_playbook(
-            "setup.yml", "-e", f"meshkit_artifacts_dir={tmp_path}", "-e", "meshkit_meshccl_install=false",
-            inventory=str(handle.inventory),
-        )  # fmt: skip
-        assert setup.rc == 0, setup.output
-        jobs = "/var/lib/meshkit/jobs"
-        made = handle.ansible("-m", "ansible.builtin.shell", "-a", f"test -d {jobs} && echo there || echo missing")
-        assert made.returncode == 0, made.stdout + made.stderr
-        if made.stdout.count("missing") == 2:
-            # setup.yml does not make it (yet): the launch names the host, the directory and the fix.
-            rc, output, _ = launch((handle, tmp_path), launch_program="true", launch_runtime="plain")
-            assert rc != 0
-            assert re.search(rf"node\d: cannot start the job: cannot create {jobs} as meshadmin", output), output
-            assert f"run setup.yml, or as root: install -d -m 1777 {jobs}" in output, output
-            fixed = handle.ansible("-b", "-m", "ansible.builtin.file", "-a", f"path={jobs} state=directory mode=01777")
-            assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-        shown = handle.ansible("-m", "ansible.builtin.command", "-a", f"stat -c '%U %a' {jobs}")
-        assert shown.stdout.count("root 1777") == 2, shown.stdout
-        script = 'echo "$(id -un) in $(stat -c "%U %a" /var/lib/meshkit/jobs/$MESHKIT_JOB_ID)"'
-        rc, output, summary = launch((handle, tmp_path), launch_program=["sh", "-c", script], launch_runtime="plain")
-        assert rc == 0, output
-        assert re.findall(r"^\[\d\|node\d\] (.*)$", output, re.M) == ["meshadmin in meshadmin 700"] * 2, output
-        assert summary is not None and summary["ok"]
+        rc, output, _ = launch(lab, launch_program="true", launch_runtime="plain")
+        assert rc != 0
+        assert f"node3: cannot start the job: cannot create {jobs} as meshadmin" in output, output
+        assert f"run setup.yml, or as root: install -d -m 1777 {jobs}" in output, output
     finally:
-        drop_lab(handle)
+        fixed = handle.ansible("-b", "-m", "ansible.builtin.file", "-a", f"path={jobs} state=directory mode=01777")
+        assert fixed.returncode == 0, fixed.stdout + fixed.stderr

@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 NETWORKD = ("/lib/systemd/systemd-networkd", "/usr/lib/systemd/systemd-networkd")
-HOME_STAGE = "/run/lab-init/machine-home"
+STAGE = "/run/lab-init/machine"
 
 
 def log(message: str) -> None:
@@ -64,17 +64,20 @@ def bind(source: str, target: str) -> None:
     mount("--bind", source, target)
 
 
-def own_home(user: str, source: str) -> None:
-    """/home becomes the host's own: a tmpfs that holds the machine's entries (bind-mounted, so a
-    checkout under /home stays the shared one) and this host's own home for ``user``."""
-    os.makedirs(HOME_STAGE, exist_ok=True)
-    if os.path.isdir("/home"):
-        mount("--rbind", "/home", HOME_STAGE)
-    mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/home")
-    for entry in sorted(os.listdir(HOME_STAGE)):
-        if entry == user:
+def rebind(directory: str, mode: int, skip: str | None = None) -> None:
+    """``directory`` becomes this host's own: a tmpfs of ``mode`` that holds the machine's entries
+    again (bind-mounted, so what they hold stays the shared one), except ``skip``."""
+    stage = os.path.join(STAGE, directory.strip("/").replace("/", "-"))
+    os.makedirs(stage, exist_ok=True)
+    if os.path.isdir(directory):
+        mount("--rbind", directory, stage)
+    else:
+        os.makedirs(directory)
+    mount("-t", "tmpfs", "-o", f"mode={mode:04o}", "tmpfs", directory)
+    for entry in sorted(os.listdir(stage)):
+        if entry == skip:
             continue
-        staged, path = os.path.join(HOME_STAGE, entry), os.path.join("/home", entry)
+        staged, path = os.path.join(stage, entry), os.path.join(directory, entry)
         if os.path.islink(staged):
             os.symlink(os.readlink(staged), path)
             continue
@@ -83,8 +86,14 @@ def own_home(user: str, source: str) -> None:
         else:
             open(path, "a").close()
         mount("--rbind", staged, path)
-    if os.path.ismount(HOME_STAGE):
-        subprocess.run(["umount", "--lazy", "--recursive", HOME_STAGE], check=True)
+    if os.path.ismount(stage):
+        subprocess.run(["umount", "--lazy", "--recursive", stage], check=True)
+
+
+def own_home(user: str, source: str) -> None:
+    """/home becomes the host's own (a checkout under /home stays the shared one), with this host's
+    own home for ``user``."""
+    rebind("/home", 0o755, skip=user)
     os.mkdir(os.path.join("/home", user))
     mount("--bind", source, os.path.join("/home", user))
 
@@ -101,6 +110,12 @@ def boot_filesystems(cfg: dict[str, Any]) -> None:
         bind(source, target)
     if cfg.get("home"):
         own_home(cfg["home"]["user"], cfg["home"]["source"])
+    for directory in cfg.get("traverse") or []:
+        # The machine's own home directories (root's is 0700) hold what the hosts share with it
+        # (this machine's Python, under /root/.pyenv on the development machine): the login user may
+        # pass through them, as through a cluster's shared storage; what each entry lets it read
+        # is still that entry's own business.
+        rebind(directory, 0o711)
     # Shared memory is per host (ranks on one host share it, hosts do not). /tmp stays the
     # machine's: the checkout may live there, and every host must see programs at the same
     # paths, as on a cluster with shared storage.
