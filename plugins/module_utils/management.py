@@ -65,7 +65,7 @@ class HostNet:
     # (destination network, interface, text for messages)
     routes: list[tuple[ipaddress.IPv4Network, str, str]] = field(default_factory=list)
     bridge_members: dict[str, list[str]] = field(default_factory=dict)  # master -> its ports (bonds too)
-    lower: dict[str, str] = field(default_factory=dict)  # a VLAN / macvlan -> the device it rests on
+    links: list[dict[str, Any]] = field(default_factory=list)  # Linux: ``ip -j addr show`` as it came
 
     def holders(self, address: str) -> list[str]:
         ip = ipaddress.ip_address(_split_scope(address)[0])
@@ -75,21 +75,6 @@ class HostNet:
         """The interface holding ``address``, when exactly one does."""
         holders = self.holders(address)
         return holders[0] if len(holders) == 1 else None
-
-    def depends(self, interface: str) -> set[str]:
-        """``interface`` and every interface it rests on or carries: its lower device (a VLAN's or
-        macvlan's ``link``), recursively, and the members of each (a bond's or bridge's ports)."""
-        out: set[str] = set()
-        todo = [interface]
-        while todo:
-            name = todo.pop()
-            if name in out or not name:
-                continue
-            out.add(name)
-            if self.lower.get(name):
-                todo.append(self.lower[name])
-            todo.extend(self.bridge_members.get(name, []))
-        return out
 
 
 def _is_loopback(address: str) -> bool:
@@ -135,7 +120,8 @@ def _json(run: Run, argv: list[str]) -> Any:
 
 def linux_hostnet(run: Run) -> HostNet:
     net = HostNet()
-    for link in _json(run, ["ip", "-j", "addr", "show"]):
+    net.links = _json(run, ["ip", "-j", "addr", "show"])
+    for link in net.links:
         addrs = net.addresses.setdefault(link["ifname"], [])
         for a in link.get("addr_info", []):
             try:
@@ -144,8 +130,6 @@ def linux_hostnet(run: Run) -> HostNet:
                 continue
         if link.get("master"):
             net.bridge_members.setdefault(link["master"], []).append(link["ifname"])
-        if link.get("link") and link["link"] != link["ifname"]:
-            net.lower[link["ifname"]] = link["link"]
     for r in _json(run, ["ip", "-j", "-4", "route", "show", "table", "all"]):
         dst = r.get("dst", "")
         if dst in ("", "default") or r.get("type") in ("broadcast", "multicast"):

@@ -23,6 +23,7 @@ version_added: 0.1.0
 author: meshkit contributors
 extends_documentation_fragment:
   - meshkit.cluster.attributes
+  - meshkit.cluster.management
 attributes:
   check_mode:
     support: full
@@ -35,19 +36,6 @@ options:
     default: bridge0
   peer_ports:
     description: Interface name patterns of peer ports (Linux); empty means every member of the bridge.
-    type: list
-    elements: str
-    default: []
-  management_address:
-    description: The address the controller reaches this host on (the inventory's C(ansible_host)).
-    type: str
-  management_interface:
-    description: The interface carrying the management connection, when detection should be overridden.
-    type: str
-  controller_addresses:
-    description:
-      - The controller's addresses as the host sees them; the route back to them names the management interface
-        when O(management_interface) is not given (the C(meshkit.cluster.management) action finds them).
     type: list
     elements: str
     default: []

@@ -24,6 +24,7 @@ version_added: 0.1.0
 author: meshkit contributors
 extends_documentation_fragment:
   - meshkit.cluster.attributes
+  - meshkit.cluster.management
 attributes:
   check_mode:
     support: full
@@ -35,19 +36,6 @@ options:
     type: list
     elements: str
     default: ["thunderbolt*"]
-  management_address:
-    description: The address the controller reaches this host on.
-    type: str
-  management_interface:
-    description: Override the detected management interface.
-    type: str
-  controller_addresses:
-    description:
-      - The controller's addresses as the host sees them; the route back to them names the management interface
-        when O(management_interface) is not given (the C(meshkit.cluster.management) action finds them).
-    type: list
-    elements: str
-    default: []
   probe_seconds:
     description: How long each port's probe may take.
     type: int

@@ -94,7 +94,7 @@ import contextlib
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import macos
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
 from ansible_collections.meshkit.cluster.plugins.module_utils import management as mg
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import runner
 
@@ -122,8 +122,17 @@ def establish(params: dict, run, system: str, resolve: mg.Resolve, environ: dict
         return {**result, "failed": True, "msg": str(exc)}
     result["interface"] = mgmt
     bridge = params.get("bridge")
-    if bridge and (mgmt == bridge or mgmt in net.bridge_members.get(bridge, [])):
-        what = f"{bridge} itself" if mgmt == bridge else f"{mgmt}, a member of {bridge}"
+    # What the management interface rests on (a VLAN's lower device, a bond's ports) counts as it.
+    rests_on = linux_net.protected(net.links, mgmt) if net.links else {mgmt}
+    inside = sorted(n for n in rests_on if n == bridge or n in net.bridge_members.get(bridge or "", []))
+    if bridge and inside:
+        what = (
+            f"{bridge} itself"
+            if mgmt == bridge
+            else f"{mgmt}, a member of {bridge}"
+            if inside == [mgmt]
+            else f"{mgmt}, which rests on {', '.join(i for i in inside if i != mgmt)} ({bridge} or a member)"
+        )
         return {
             **result,
             "failed": True,

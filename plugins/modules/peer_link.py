@@ -21,6 +21,7 @@ version_added: 0.1.0
 author: meshkit contributors
 extends_documentation_fragment:
   - meshkit.cluster.attributes
+  - meshkit.cluster.management
 attributes:
   check_mode:
     support: full
@@ -44,19 +45,6 @@ options:
   mtu:
     description: MTU for every peer port; unset keeps the interface's.
     type: int
-  management_address:
-    description: The address the controller reaches this host on.
-    type: str
-  management_interface:
-    description: Override the detected management interface.
-    type: str
-  controller_addresses:
-    description:
-      - The controller's addresses as the host sees them; the route back to them names the management interface
-        when O(management_interface) is not given (the C(meshkit.cluster.management) action finds them).
-    type: list
-    elements: str
-    default: []
   persist:
     description:
       - Linux - V(auto) persists through systemd-networkd when it runs (a drop-in
