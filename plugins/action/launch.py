@@ -18,7 +18,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection 
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_fast import context_of
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_mpi import Lines, MpiError, explain, hosts_for
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import preflight_problems
-from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher
+from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher, Terminal
 
 display = Display()
 
@@ -98,15 +98,13 @@ class ActionModule(ActionBase):
         log_dir = Path(args.get("log_dir") or job.get("log_dir") or f"artifacts/launch/{job['job_id']}")
         quiet = bool(args.get("quiet"))
 
-        shown = Lines(job)
-
-        def on_line(rank, line: str) -> None:
-            if not quiet:
-                for text in shown(rank, line):
-                    display.display(text)
-
-        def on_event(text: str) -> None:
-            display.display(f"meshkit launch: {text}", color="bright blue")
+        def write(text: str, event: bool) -> None:
+            # In the terminal's own thread: Ansible's display (a worker's queue to the main process,
+            # which writes to the terminal) may block there, never in the launcher's loop.
+            if event:
+                display.display(f"meshkit launch: {text}", color="bright blue")
+            else:
+                display.display(text)
 
         try:
             hosts = hosts_for(job, connections, token, log_dir, host_timeout)
@@ -115,17 +113,21 @@ class ActionModule(ActionBase):
             result["changed"] = False
             result["msg"] = f"{exc}; no rank of job {job['job_id']} was started"
             return result
+        terminal = Terminal(write, lines=not quiet, log=str(log_dir / "output.log"))
         launcher = Launcher(
             hosts,
             job["job_id"],
             log_dir,
             timeout=float(args.get("timeout") or job.get("timeout") or 0) or None,
             grace=float(args.get("grace") if args.get("grace") is not None else job.get("grace", 3.0)),
-            on_line=on_line,
-            on_event=on_event,
             host_timeout=host_timeout,
+            lines=Lines(job),
+            terminal=terminal,
         )
-        outcome = launcher.run()
+        try:
+            outcome = launcher.run()
+        finally:
+            terminal.close()
         result["table"] = outcome.table()
         result["log_dir"] = str(log_dir)
         if outcome.ok:

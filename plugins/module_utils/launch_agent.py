@@ -60,6 +60,7 @@ import stat
 import subprocess
 import sys
 import time
+from typing import IO, Any
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -395,13 +396,33 @@ def _user() -> str:
         return f"uid {os.geteuid()}"
 
 
-def job_directory(path: str) -> None:
-    """Make this job's directory: mode 0700, this user's own. Its parent, ``<state_dir>/jobs``, is
-    shared by every user who launches (setup.yml makes it sticky and world-writable, like /tmp), so
-    the directory is made exclusively, and one already there (the same job id again) is used only
-    when it is a real directory of this user's that no one else can enter."""
+def _unsafe_parent(st: os.stat_result) -> str | None:
+    """Why a directory is no place to make a job's directory in (None: it is): another user could
+    rename, remove or replace what is made there. Safe: owned by root or this user, and sticky (like
+    /tmp: no one removes or renames another's entry) or writable by nobody else."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"it belongs to uid {st.st_uid}, neither root nor {_user()}"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & stat.S_ISVTX:
+        return None
+    if mode & stat.S_IWOTH:
+        return "every user may write to it and it is not sticky"
+    if mode & stat.S_IWGRP and st.st_gid not in (0, os.getegid()):
+        return f"group {st.st_gid} may write to it and it is not sticky"
+    return None
+
+
+def job_directory(path: str) -> int:
+    """Make this job's directory and return an open descriptor of it: mode 0700, this user's own.
+    Its parent, ``<state_dir>/jobs``, is shared by every user who launches (setup.yml makes it
+    root's, sticky and world-writable, like /tmp); a parent another user could change under the
+    job (not root's or this user's, or writable by others without the sticky bit) is refused. The
+    directory is made exclusively and opened with O_NOFOLLOW relative to the parent's descriptor;
+    one already there (the same job id again) is used only when it is a real directory of this
+    user's that no one else can enter. Everything the agent writes there is made relative to the
+    returned descriptor (dir_fd), so no later path lookup can be redirected."""
     path = path.rstrip("/") or "/"
-    parent = os.path.dirname(path)
+    parent, name = os.path.split(path)
     if not os.path.isdir(parent):
         try:
             os.makedirs(os.path.dirname(parent) or "/", exist_ok=True)
@@ -418,30 +439,87 @@ def job_directory(path: str) -> None:
                 # The layout setup.yml makes, whoever is first: every login user can launch.
                 os.chmod(parent, 0o1777)
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a directory"
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise JobDirError(f"cannot open {parent} as {_user()}: {exc.strerror}; run setup.yml") from None
+    try:
+        st = os.fstat(parent_fd)
+        why = _unsafe_parent(st)
+        if why:
+            raise JobDirError(
+                f"{parent} is not a safe place for job directories: {why} (owner uid {st.st_uid}, mode "
+                f"{stat.S_IMODE(st.st_mode):04o}), so another user could replace a job's directory; nothing was "
+                f"started: run setup.yml, or as root: chown root {parent} && chmod 1777 {parent}"
+            )
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass  # checked below, through the descriptor
+        except PermissionError:
+            raise JobDirError(
+                f"cannot create {path}: {parent} is not writable by {_user()}; setup.yml makes it sticky and "
+                f"world-writable (mode 1777, like /tmp) so that every login user can launch: run setup.yml, or "
+                f"as root: chmod 1777 {parent}"
+            ) from None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        except OSError:
+            try:
+                st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+            except OSError as exc:
+                raise JobDirError(f"cannot open {path} as {_user()}: {exc.strerror}") from None
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
             raise JobDirError(
                 f"{path} exists and is not a private directory of {_user()} ({kind}, owner uid {st.st_uid}, "
                 f"mode {stat.S_IMODE(st.st_mode):04o}); nothing was started: remove it, or launch with another job id"
             ) from None
-    except PermissionError:
-        raise JobDirError(
-            f"cannot create {path}: {parent} is not writable by {_user()}; setup.yml makes it sticky and "
-            f"world-writable (mode 1777, like /tmp) so that every login user can launch: run setup.yml, or as "
-            f"root: chmod 1777 {parent}"
-        ) from None
-    os.chmod(path, 0o700)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            os.close(fd)
+            raise JobDirError(
+                f"{path} exists and is not a private directory of {_user()} (a directory, owner uid {st.st_uid}, "
+                f"mode {stat.S_IMODE(st.st_mode):04o}); nothing was started: remove it, or launch with another job id"
+            )
+        os.fchmod(fd, 0o700)
+        return fd
+    finally:
+        os.close(parent_fd)
+
+
+def _plain(name: str) -> str:
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"a file of the job must have a plain name, not {name!r}")
+    return name
+
+
+def job_file(dir_fd: int, name: str, mode: str = "w") -> IO[Any]:
+    """Open ``name`` in the job's directory for writing ("w", "wb": from empty; "a", "ab": appended),
+    relative to its descriptor and never through a symbolic link."""
+    _plain(name)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags |= os.O_APPEND if "a" in mode else os.O_TRUNC
+    fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    return os.fdopen(fd, mode)
+
+
+def write_job_file(dir_fd: int, name: str, text: str) -> None:
+    """A file of the job, written whole under a temporary name and renamed into place (several
+    agents may share a directory on one machine), all relative to the directory's descriptor."""
+    tmp = f".{_plain(name)}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 # --- the watchdog: nothing of the job outlives a killed agent --------------------------------------
 
 
-def _proc_table() -> dict[int, tuple[int, bytes]]:
-    """pid -> (parent pid, state) of every process (Linux /proc; empty elsewhere)."""
-    out: dict[int, tuple[int, bytes]] = {}
+def _proc_table() -> dict[int, tuple[int, bytes, int]]:
+    """pid -> (parent pid, state, process group) of every process (Linux /proc; empty elsewhere)."""
+    out: dict[int, tuple[int, bytes, int]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -454,19 +532,20 @@ def _proc_table() -> dict[int, tuple[int, bytes]]:
                 stat_line = handle.read()
         except OSError:
             continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
         fields = stat_line[stat_line.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            out[int(name)] = (int(fields[1]), fields[0])
+        if len(fields) > 2:
+            out[int(name)] = (int(fields[1]), fields[0], int(fields[2]))
     return out
 
 
-def job_processes(root: int, mark: str) -> set[int]:
+def job_processes(root: int, mark: str, table: dict[int, tuple[int, bytes, int]] | None = None) -> set[int]:
     """Live processes of the job (Linux): every descendant of ``root`` (the watchdog, a child
     subreaper: a killed agent's orphans come to it), and any process whose environment carries
     ``MESHKIT_JOB_MARK=mark`` (one that left the tree, e.g. started through another daemon)."""
-    table = _proc_table()
+    table = _proc_table() if table is None else table
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _state) in table.items():
+    for pid, (ppid, _state, _group) in table.items():
         children.setdefault(ppid, []).append(pid)
     found: set[int] = set()
     todo = list(children.get(root, []))
@@ -485,28 +564,61 @@ def job_processes(root: int, mark: str) -> set[int]:
                     found.add(pid)
         except OSError:
             continue
-    return {pid for pid in found if table.get(pid, (0, b"Z"))[1] != b"Z"}
+    return {pid for pid in found if table.get(pid, (0, b"Z", 0))[1] != b"Z"}
+
+
+def marked_groups(groups: set[int], mark: str, ps_output: str | None = None) -> set[int]:
+    """Of ``groups``, those that still hold a process carrying the job's mark, from ``ps -E``
+    (the environment after the command; macOS and BSDs, where there is no /proc): a group number
+    reused by something else since is left alone."""
+    if ps_output is None:
+        try:
+            ps_output = subprocess.run(
+                ["ps", "-E", "-ww", "-A", "-o", "pgid=,command="], capture_output=True, text=True, timeout=10,
+                check=False, errors="replace",
+            ).stdout  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return set()
+    needle = f"MESHKIT_JOB_MARK={mark}"
+    found = set()
+    for line in ps_output.splitlines():
+        head, _, rest = line.strip().partition(" ")
+        if head.isdigit() and int(head) in groups and needle in rest.split():
+            found.add(int(head))
+    return found
 
 
 def sweep_job(root: int, mark: str, groups: set[int], within: float = 5.0) -> list[int]:
-    """SIGKILL every process of the job until none is left (or ``within`` seconds): the ranks'
-    process groups, then (Linux) job_processes(). The pids killed."""
+    """SIGKILL every process of the job until none is left (or ``within`` seconds): on Linux every
+    process of job_processes(), and the ranks' process groups that still hold one of them; elsewhere
+    the ranks' process groups that still hold a process carrying the job's mark. A group number
+    alone is never enough: once a group is empty, its number may be another's. The pids killed."""
     killed: set[int] = set()
     deadline = time.monotonic() + within
+    linux = sys.platform.startswith("linux")
+    groups = set(groups) if linux else marked_groups(groups, mark)
     while True:
-        for group in list(groups):
+        pids: set[int] = set()
+        if linux:
+            table = _proc_table()
+            pids = job_processes(root, mark, table)
+            pids.discard(root)
+            live = {table[pid][2] for pid in pids if pid in table} & groups
+        else:
+            live = set(groups)
+        for group in live:
             try:
                 os.killpg(group, signal.SIGKILL)
             except OSError:  # gone (or not ours): nothing more to do for it
                 groups.discard(group)
-        pids = job_processes(root, mark) if sys.platform.startswith("linux") else set()
-        pids.discard(root)
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         killed |= pids
         _reap()
-        if (not pids and not groups) or time.monotonic() > deadline:
+        if not live and not pids:
+            return sorted(killed)
+        if time.monotonic() > deadline:
             return sorted(killed)
         time.sleep(0.02)
 
@@ -520,14 +632,25 @@ def _say(fd: int, text: str) -> None:
             os.write(fd, data)
 
 
-def watchdog(agent: int, read_fd: int, mark: str, log_path: str | None) -> int:
+def _log(fd: int | None, text: str) -> None:
+    """A line in the job's agent.log, through its descriptor (opened once, O_APPEND)."""
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n".encode(errors="replace"))
+
+
+def watchdog(agent: int, read_fd: int, mark: str, log_fd: int | None) -> int:
     """The original process of the agent, once the agent runs as its child: waits for the agent to
-    end (end of file on the pipe the agent holds; the agent also writes "+PID" / "-PID" there as a
-    rank's process group starts / is gone), then kills whatever of the job is left. Signals that
-    would stop the agent are passed on to it."""
+    end (end of file on the pipe the agent holds), then, unless the agent ended in order, kills
+    whatever of the job is left (sweep_job()). On that pipe the agent writes "+PID" when a rank's
+    process group starts, "-PID" once it has seen that group empty, and "=" last, when it ends in
+    order: every rank reported, what they left swept, every group confirmed empty. An agent that
+    exits 0 after "=" leaves nothing to do: the watchdog signals nothing. Signals that would stop
+    the agent are passed on to it."""
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda s, _f: _forward(agent, s))
     groups: set[int] = set()
+    in_order = False
     pending = b""
     while True:
         try:
@@ -539,9 +662,12 @@ def watchdog(agent: int, read_fd: int, mark: str, log_path: str | None) -> int:
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            if line[1:].isdigit():
+            if line == b"=":
+                in_order = True
+            elif line[1:].isdigit():
                 if line.startswith(b"+"):
                     groups.add(int(line[1:]))
+                    in_order = False
                 else:
                     groups.discard(int(line[1:]))
     while True:
@@ -553,7 +679,6 @@ def watchdog(agent: int, read_fd: int, mark: str, log_path: str | None) -> int:
             break
         except InterruptedError:
             continue
-    killed = sweep_job(os.getpid(), mark, groups)
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else f"signal {number}"
@@ -562,11 +687,12 @@ def watchdog(agent: int, read_fd: int, mark: str, log_path: str | None) -> int:
     else:
         how = f"exited {os.WEXITSTATUS(status)}"
         code = os.WEXITSTATUS(status)
+    if in_order and code == 0:
+        return 0
+    killed = sweep_job(os.getpid(), mark, groups)
+    text = f"meshkit agent (pid {agent}) {how}; its watchdog killed {len(killed)} processes of the job: {killed}\n"
+    _log(log_fd, text.rstrip("\n"))
     if killed or os.WIFSIGNALED(status):
-        text = f"meshkit agent (pid {agent}) {how}; its watchdog killed {len(killed)} processes of the job: {killed}\n"
-        if log_path:
-            with contextlib.suppress(OSError), open(log_path, "a") as handle:
-                handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}")
         _say(2, text)
     return code
 
@@ -581,22 +707,27 @@ def _forward(agent: int, sig: int) -> None:
 # While this much output waits for the controller, the ranks' output is not read (their pipes
 # then fill and they wait): the agent's memory stays bounded and it never blocks.
 HIGH_WATER = 1 << 20
+# Broadcast input a rank has not read yet, at most (about): beyond it the agent asks the controller
+# to pause the ranks' input ("stdin_pause") until every rank is below it again ("stdin_resume").
+# What was already on its way still arrives, so a rank's backlog stays within this plus what the
+# controller had sent (its own high-water mark, 1 MiB) plus the connection's buffers.
+STDIN_CAP = 1 << 20
 DRAIN_AT_EXIT = 5.0  # seconds the agent waits for its last messages to be taken before it exits
 JOB_WAIT = 120.0  # seconds the agent waits for its job after its source
 
 
 class Rank:
-    def __init__(self, spec: dict, log_dir: str) -> None:
+    def __init__(self, spec: dict, dir_fd: int) -> None:
         self.rank: int = spec["rank"]
         self.proc: subprocess.Popen | None = None
-        self.log = open(os.path.join(log_dir, f"rank-{self.rank}.log"), "ab")  # noqa: SIM115
+        self.log = job_file(dir_fd, f"rank-{self.rank}.log", "ab")
         self.eof = False
         self.reading = False  # its output registered with the selector
         self.reported = False
         self.stopped = False
         self.group_gone = False  # its process group is empty (the watchdog was told)
         self.exited_at: float | None = None
-        self.stdin_pending = b""  # broadcast input this rank has not read yet
+        self.stdin_pending = bytearray()  # broadcast input this rank has not read yet (see STDIN_CAP)
         self.stdin_eof = False  # close its stdin once the pending input is written
 
 
@@ -604,7 +735,7 @@ class Agent:
     def __init__(self, out_fd: int = 1, in_fd: int = 0) -> None:
         self.out_fd = out_fd
         self.in_fd = in_fd
-        self.inbuf = b""
+        self.inbuf = bytearray()
         self.outbuf = bytearray()  # messages the controller has not taken yet
         self.out_blocking = True  # until the job runs: the check answers with one blocking write
         self.writing = False
@@ -618,8 +749,10 @@ class Agent:
         self.heard_at = self.beat_at = time.monotonic()
         self.watch_fd: int | None = None  # the pipe to the watchdog
         self.mark = ""
-        self.log_path: str | None = None
+        self.dir_fd: int | None = None  # the job's directory: every file of the job is made relative to it
+        self.log_fd: int | None = None  # its agent.log (O_APPEND), shared with the watchdog
         self.job: dict | None = None
+        self.stdin_paused = False  # the controller was asked to pause the ranks' input
 
     # --- talking to the controller ------------------------------------------------------------
 
@@ -671,14 +804,14 @@ class Agent:
             if not chunk:
                 return None
             self.inbuf += chunk
-        line, self.inbuf = self.inbuf.split(b"\n", 1)
+        end = self.inbuf.index(b"\n")
+        line = bytes(self.inbuf[:end])
+        del self.inbuf[: end + 1]
         return json.loads(line)
 
     def note(self, text: str) -> None:
         """A line in the host's own agent.log (the controller may not be there to hear it)."""
-        if self.log_path:
-            with contextlib.suppress(OSError), open(self.log_path, "a") as handle:
-                handle.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+        _log(self.log_fd, text)
 
     def tell_watchdog(self, text: str) -> None:
         if self.watch_fd is None:
@@ -688,20 +821,31 @@ class Agent:
 
     # --- the job --------------------------------------------------------------------------------
 
+    def open_job_directory(self, job: dict) -> None:
+        """The job's directory (see job_directory()) and its agent.log, both held open: nothing
+        the agent or its watchdog writes there later goes by path."""
+        dir_fd = job_directory(job["dir"])
+        try:
+            self.log_fd = os.open(
+                "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                dir_fd=dir_fd,
+            )  # fmt: skip
+        except OSError:
+            os.close(dir_fd)
+            raise
+        self.dir_fd = dir_fd
+
     def start(self, job: dict) -> None:
-        job_directory(job["dir"])
-        self.log_path = os.path.join(job["dir"], "agent.log")
+        if self.dir_fd is None:
+            self.open_job_directory(job)
+        assert self.dir_fd is not None
         for name, text in job.get("files", {}).items():
-            path = os.path.join(job["dir"], name)
-            tmp = f"{path}.{os.getpid()}.tmp"  # several agents may share a directory (one machine)
-            with open(tmp, "w") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
+            write_job_file(self.dir_fd, name, text)
         self.grace = float(job.get("grace", 3.0))
         interactive = bool(job.get("stdin"))
         self.note(f"job {job.get('job')}: starting {len(job['ranks'])} ranks as {_user()}")
         for spec in job["ranks"]:
-            rank = Rank(spec, job["dir"])
+            rank = Rank(spec, self.dir_fd)
             self.ranks.append(rank)
             env = dict(os.environ)
             env.update(spec.get("env", {}))
@@ -771,8 +915,12 @@ class Agent:
         self.handle_lines()
 
     def handle_lines(self) -> None:
-        while b"\n" in self.inbuf:
-            line, self.inbuf = self.inbuf.split(b"\n", 1)
+        start = 0
+        while True:
+            end = self.inbuf.find(b"\n", start)
+            if end < 0:
+                break
+            line, start = bytes(self.inbuf[start:end]), end + 1
             msg = json.loads(line)
             kind = msg.get("t")
             if kind == "stop":
@@ -785,19 +933,31 @@ class Agent:
                     rank.stdin_eof = True
                     self.feed(rank)
             # "hb": the controller's heartbeat; hearing it is all it is for.
+        del self.inbuf[:start]
 
     def to_ranks(self, data: bytes) -> None:
         for rank in self.ranks:
             if rank.proc and rank.proc.stdin and not rank.proc.stdin.closed:
                 rank.stdin_pending += data
                 self.feed(rank)
+        self.pace_stdin()
+
+    def pace_stdin(self) -> None:
+        """Ask the controller to pause the ranks' input while a rank has more than STDIN_CAP of it
+        unread, and to go on once every rank is below it: the agent itself keeps reading its
+        connection (stop and heartbeats must get through), so its memory stays bounded only if
+        the controller stops sending."""
+        over = any(len(rank.stdin_pending) > STDIN_CAP for rank in self.ranks)
+        if over != self.stdin_paused:
+            self.stdin_paused = over
+            self.send(t="stdin_pause" if over else "stdin_resume")
 
     def feed(self, rank: Rank) -> None:
         """Write what a rank's stdin can take now, never blocking: a rank that does not read
         its input must not stop the agent from forwarding output or stopping the job."""
         stdin = rank.proc.stdin if rank.proc else None
         if stdin is None or stdin.closed:
-            rank.stdin_pending = b""
+            rank.stdin_pending.clear()
             return
         while rank.stdin_pending:
             try:
@@ -805,9 +965,9 @@ class Agent:
             except BlockingIOError:
                 return
             except OSError:
-                rank.stdin_pending = b""  # it closed its stdin or is gone; its exit is reported as usual
+                rank.stdin_pending.clear()  # it closed its stdin or is gone; its exit is reported as usual
                 break
-            rank.stdin_pending = rank.stdin_pending[n:]
+            del rank.stdin_pending[:n]
         if rank.stdin_eof:
             with contextlib.suppress(OSError):
                 stdin.close()
@@ -865,11 +1025,7 @@ class Agent:
             if rank.proc is None:
                 continue
             if rank.reported:
-                if not rank.group_gone and not _group_alive(rank.proc.pid):
-                    # Its process group is empty, so its number may be used again: the watchdog
-                    # must not signal it any more.
-                    rank.group_gone = True
-                    self.tell_watchdog(f"-{rank.proc.pid}\n")
+                self.group_check(rank)
                 continue
             code = rank.proc.poll()
             if code is None:
@@ -895,6 +1051,36 @@ class Agent:
                 err=None,
                 stopped=rank.stopped,
             )
+
+    def group_check(self, rank: Rank) -> bool:
+        """Whether a reported rank's process group is known to be empty; the first time it is seen
+        empty the watchdog is told ("-PID"): its number may be used again, so it must not be
+        signalled any more."""
+        if rank.proc is None or rank.group_gone:
+            return True
+        if _group_alive(rank.proc.pid):
+            return False
+        rank.group_gone = True
+        self.tell_watchdog(f"-{rank.proc.pid}\n")
+        return True
+
+    def confirm_groups(self, within: float = 2.0) -> bool:
+        """At the end, once sweep() has run: every rank's process group seen empty and the watchdog
+        told so. What is still in a group then (a process of it that is no descendant of the agent)
+        gets SIGKILL through the group, which still holds the job's processes. False if a group is
+        still not empty after ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while True:
+            alive = [rank for rank in self.ranks if not self.group_check(rank)]
+            if not alive:
+                return True
+            if time.monotonic() > deadline:
+                self.note(f"process groups still not empty at the end: {[r.proc.pid for r in alive if r.proc]}")
+                return False
+            for rank in alive:
+                self._signal_group(rank, signal.SIGKILL)
+            _reap()
+            time.sleep(0.01)
 
     def escalate(self) -> None:
         if self.stopping_since is None or self.killed:
@@ -944,8 +1130,7 @@ class Agent:
         os.dup2(devnull, self.out_fd)
         os.close(devnull)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        job_dir = (self.job or {}).get("dir")
-        code = watchdog(pid, read_fd, self.mark, os.path.join(job_dir, "agent.log") if job_dir else None)
+        code = watchdog(pid, read_fd, self.mark, self.log_fd)
         os._exit(code)
 
     def run(self) -> int:
@@ -959,6 +1144,10 @@ class Agent:
                 self.send(t="error", msg=f"cannot check the host: {exc!r}")
             return 0
         self.job = job
+        # Before the watchdog exists, so that it writes to the same agent.log descriptor; on a
+        # failure start() tries again and reports it.
+        with contextlib.suppress(OSError, KeyError, TypeError, ValueError, JobDirError):
+            self.open_job_directory(job)
         self.fork_watchdog()
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.host_timeout = float(job["host_timeout"]) if job.get("host_timeout") else None
@@ -986,12 +1175,19 @@ class Agent:
             for rank in self.ranks:
                 if rank.stdin_pending:
                     self.feed(rank)
+            self.pace_stdin()
             self.check_controller()
             self.pace()
             self.reap()
             self.escalate()
-        self.send(t="bye", left=self.sweep())
+        left = self.sweep()
+        in_order = self.confirm_groups()
+        self.send(t="bye", left=left)
         self.drain(DRAIN_AT_EXIT)
+        if in_order:
+            # Every rank reported, what they left killed, every group seen empty: nothing for the
+            # watchdog to do (it signals nothing after this and an exit 0).
+            self.tell_watchdog("=\n")
         return 0
 
 

@@ -8,8 +8,12 @@ the job's connections file, and tree spawning is off: only the controller starts
 daemons, over the same connections Ansible uses, so no host needs SSH to another (plain mpirun
 does). meshkit supervises mpirun like any rank (timeout, Ctrl-C, stdin); mpirun stops every rank
 when one fails, and meshkit names that rank from mpirun's report. ``--tag-output`` lines are
-shown as the rank's own (``[5|node3] ...``); ``--output-filename`` keeps each rank's output on
-the controller, in ``<log dir>/mpi/1/rank.N/``.
+taken apart per MPI rank (Lines): shown as the rank's own (``[5|node3] ...``), kept in the
+controller's ``<log dir>/rank-N.log`` with each rank's last lines for the summary and the failure
+message. (mpirun's ``--output-filename`` is not used: each host's orted would write those files on
+its own host, under the controller's path.) An error mpirun reports about itself and does not
+recover from (a daemon that cannot start, a directory it cannot make) fails the job within
+MPI_ERROR_GRACE seconds instead of leaving it to the timeout.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import re
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_connection
+from ansible_collections.meshkit.cluster.plugins.module_utils import launch_connection, launcher
 from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import HostJob, agent_argv, host_jobs
 
 TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:(.*)$", re.S)
@@ -31,6 +36,23 @@ ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
 FIRST_FAILURE = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(-?\d+)")
 # Set per rank by the plan; an MPI rank has OMPI_COMM_WORLD_RANK / _LOCAL_RANK from mpirun instead.
 PER_RANK = ("MESHKIT_RANK", "MESHKIT_LOCAL_RANK", "MESHKIT_HOST")
+# mpirun's own errors that it may not recover from (Open MPI 4.1 help texts and error logs): seen in
+# its untagged output, they fail the job unless mpirun has exited within MPI_ERROR_GRACE seconds.
+# (A mkdir that failed on a host's orted left mpirun hanging until the job's timeout.)
+FATAL = (
+    "A call to mkdir was unable to create",
+    "ORTE was unable to reliably start",
+    "An ORTE daemon has unexpectedly failed",
+    "ORTE has lost communication with",
+    "ORTE does not know how to route",
+    "mpirun was unable to launch",
+    "mpirun was unable to start",
+    "mpirun was unable to find the specified executable",
+    "It looks like orte_init failed",
+)
+ERROR_LOG = re.compile(r"\b(?:ORTE|OPAL|OMPI|PRTE|PMIX)_ERROR_LOG\b|\bPMIX ERROR\b")
+BANNER = re.compile(r"^-{20,}\s*$")
+MPI_ERROR_GRACE = 5.0
 
 
 class MpiError(ValueError):
@@ -68,7 +90,6 @@ def mpirun_argv(job: dict[str, Any], log_dir: Path, connections_file: Path, *, m
         "-bind-to", "none",
         "-map-by", "slot",
         "--tag-output",
-        "--output-filename", str(log_dir / "mpi"),
         "-mca", "plm_rsh_agent", " ".join(agent),
         "-mca", "plm_rsh_no_tree_spawn", "1",
     ]  # fmt: skip
@@ -126,16 +147,6 @@ def first_failure(text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def rank_tail(log_dir: Path, rank: int, lines: int = 10) -> list[str]:
-    """The last lines a rank wrote (stdout then stderr), from mpirun's per-rank files."""
-    out: list[str] = []
-    for name in ("stdout", "stderr"):
-        path = log_dir / "mpi" / "1" / f"rank.{rank}" / name
-        if path.exists():
-            out += [split_line(line)[1] if split_line(line) else line for line in path.read_text().splitlines()]
-    return out[-lines:]
-
-
 # --- what the action and the CLI share ---------------------------------------------------------
 
 
@@ -152,35 +163,73 @@ def hosts_for(
     return host_jobs(job, connections, token, host_timeout)
 
 
-class Lines:
-    """Output lines as shown: ``[rank|host] text``. mpirun's ``--tag-output`` tags every write of a
-    rank, not every line, so writes of several ranks can share one line of mpirun's output (an
-    unbuffered Python ``print`` writes its text and its newline apart). The pieces are put back
-    together per rank: a piece that ends mpirun's line completes its rank's line, the others wait
-    in that rank's buffer. Untagged text is mpirun's own."""
+class Lines(launcher.Lines):
+    """mpirun's output taken apart per MPI rank. ``--tag-output`` tags every write of a rank, not
+    every line, so writes of several ranks can share one line of mpirun's output (an unbuffered
+    Python ``print`` writes its text and its newline apart). The pieces are put back together per
+    rank: a piece that ends mpirun's line completes its rank's line, the others wait in that rank's
+    buffer. Untagged text is mpirun's own; an error there that mpirun does not recover from (FATAL,
+    ERROR_LOG) is reported by fault() once mpirun has not exited within MPI_ERROR_GRACE seconds."""
 
-    def __init__(self, job: dict[str, Any]) -> None:
+    def __init__(self, job: dict[str, Any], grace: float = MPI_ERROR_GRACE) -> None:
         self.hosts = {r["rank"]: r["host"] for r in job["ranks"]}
         self.partial: dict[int, str] = {}
+        self.grace = grace
+        self.banner: list[str] | None = None  # the lines of an Open MPI message box being read
+        self.error: tuple[float, str] | None = None  # (when, what) of the first fatal error seen
 
-    def __call__(self, rank: Any, line: str) -> list[str]:
+    def split(self, rank: Any, line: str) -> list[launcher.Shown]:
         if rank.rank >= 0:
-            return [f"[{rank.rank}|{rank.host}] {line}"]
+            return [(rank.rank, rank.host, line)]
         tags = list(ANY_TAG.finditer(line))
-        out = [f"[mpirun] {line[: tags[0].start()] if tags else line}"] if not tags or tags[0].start() > 0 else []
+        out: list[launcher.Shown] = []
+        if not tags or tags[0].start() > 0:
+            own = line[: tags[0].start()] if tags else line
+            self._mpirun_says(own)
+            out.append((None, rank.host, own))
         for i, tag in enumerate(tags):
             r = int(tag.group(1))
             piece = line[tag.end() : tags[i + 1].start() if i + 1 < len(tags) else len(line)]
             if i + 1 < len(tags):
                 self.partial[r] = self.partial.get(r, "") + piece
             else:
-                out.append(f"[{r}|{self.hosts.get(r, '?')}] {self.partial.pop(r, '')}{piece}")
+                out.append((r, self.hosts.get(r, "?"), self.partial.pop(r, "") + piece))
         return out
+
+    def __call__(self, rank: Any, line: str) -> list[str]:
+        """The lines as shown: ``[rank|host] text``, ``[mpirun] text``."""
+        return [f"[mpirun] {text}" if r is None else f"[{r}|{host}] {text}" for r, host, text in self.split(rank, line)]
+
+    def finish(self) -> list[launcher.Shown]:
+        out = [(r, self.hosts.get(r, "?"), text) for r, text in sorted(self.partial.items())]
+        self.partial.clear()
+        return out
+
+    def _mpirun_says(self, text: str) -> None:
+        if self.error is not None:
+            return
+        if BANNER.match(text):
+            if self.banner is None:
+                self.banner = []
+                return
+            body, self.banner = self.banner, None
+            if any(phrase in line for line in body for phrase in FATAL):
+                self.error = (time.monotonic(), " ".join(" ".join(body).split())[:400])
+            return
+        if self.banner is not None:
+            self.banner.append(text)
+        elif ERROR_LOG.search(text) or any(phrase in text for phrase in FATAL):
+            self.error = (time.monotonic(), " ".join(text.split())[:400])
+
+    def fault(self, now: float) -> tuple[int, str] | None:
+        if self.error is None or now - self.error[0] < self.grace:
+            return None
+        return -1, f"reported an error and did not exit within {self.grace:g} s: {self.error[1]}"
 
 
 def explain(job: dict[str, Any], outcome: Any) -> tuple[str, list[tuple[str, list[str]]]]:
     """Why the job failed and, per failed rank, (heading, last lines). For MPI the rank mpirun
-    reported first, with its own last lines from mpirun's per-rank files."""
+    reported first, with its own last lines, as taken from mpirun's tagged output."""
     failed = outcome.failed or [r for r in outcome.ranks if r.state == "timeout"]
     if job["runtime"] == "mpi" and failed:
         mpirun = failed[0]
@@ -189,5 +238,6 @@ def explain(job: dict[str, Any], outcome: Any) -> tuple[str, list[tuple[str, lis
             rank, code = found
             host = {r["rank"]: r["host"] for r in job["ranks"]}.get(rank, "?")
             reason = f"rank {rank} ({host}) exit code {code} (reported by mpirun, {mpirun.describe()})"
-            return reason, [(f"rank {rank} on {host}: failed, exit code {code}", rank_tail(outcome.log_dir, rank))]
+            tail = (outcome.rank_output.get(rank) or (host, []))[1]
+            return reason, [(f"rank {rank} on {host}: failed, exit code {code}", list(tail)[-10:])]
     return outcome.reason, [(f"{r.label} on {r.host}: {r.state}, {r.describe()}", list(r.tail)[-10:]) for r in failed]

@@ -31,6 +31,7 @@ import selectors
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ HIGH_WATER = 1 << 20
 # its connection is killed; then a few more before the launcher stops waiting on it at all.
 STOP_SLACK = 10.0
 ABANDON_AFTER_KILL = 3.0
+# At most this much of the output waits for a terminal that does not take it (a paused pager);
+# beyond it lines are left out there (the logs keep every one) until it catches up.
+TERMINAL_LIMIT = 1 << 20
+WRITE_BATCH = 1 << 16
 
 
 def heartbeat_interval(host_timeout: float) -> float:
@@ -116,6 +121,7 @@ class RankState:
     code: int | None = None
     signal: int | None = None
     error: str | None = None
+    fault: str | None = None  # why the launcher failed it while it ran (Lines.fault())
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     partial: str = ""
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
@@ -147,6 +153,8 @@ class JobResult:
     log_dir: Path
     leftovers: dict[str, list[int]]  # per host: pids the agent had to kill after the ranks ended
     host_errors: dict[str, str]
+    # Ranks whose output came through another's (MPI: mpirun's tagged stream): rank -> (host, last lines).
+    rank_output: dict[int, tuple[str, list[str]]] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[RankState]:
@@ -176,6 +184,16 @@ class JobResult:
                 }
                 for r in self.ranks
             ],
+            **(
+                {
+                    "rank_output": [
+                        {"rank": rank, "host": host, "last_lines": tail}
+                        for rank, (host, tail) in sorted(self.rank_output.items())
+                    ]
+                }
+                if self.rank_output
+                else {}
+            ),
         }
 
     def table(self) -> list[str]:
@@ -223,14 +241,127 @@ def host_jobs(
     return out
 
 
+# A line to show: (the rank it belongs to, or None for the launched process's own words (mpirun's);
+# that rank's host; the text).
+Shown = tuple[int | None, str, str]
+
+
+class Lines:
+    """Which rank each output line belongs to, and how it is shown (``[rank|host] text``). Here a
+    rank's line is its own; launch_mpi.Lines takes mpirun's tagged stream apart per MPI rank (the
+    launcher then keeps each such rank's own log and last lines) and watches mpirun's own words
+    for an error it does not recover from (fault())."""
+
+    def split(self, rank: RankState, line: str) -> list[Shown]:
+        return [(rank.rank, rank.host, line)]
+
+    def finish(self) -> list[Shown]:
+        """What is still held back at the end (a rank's last line without its newline)."""
+        return []
+
+    def fault(self, now: float) -> tuple[int, str] | None:
+        """(rank, why) when a running rank must be failed now; checked on every pass of the loop."""
+        return None
+
+
+class Terminal:
+    """The launch's output on a terminal, a pipe or a pager, written by a thread of its own: a
+    terminal that does not take it (a paused ``| less``, Ctrl-S) never holds the launcher up, so
+    the timeout, Ctrl-C, heartbeats and fail-fast go on. At most ``limit`` bytes wait for it (twice
+    that for the launcher's own events); beyond, lines are left out here, and once it has taken
+    what waits a notice says how many (the logs keep every line). ``write(text, event)`` does the
+    writing, adding the newline (it may block; ``text`` may hold several lines of output, an
+    event is always one); ``close()`` waits until everything kept was written."""
+
+    def __init__(
+        self,
+        write: Callable[[str, bool], None],
+        *,
+        lines: bool = True,
+        limit: int = TERMINAL_LIMIT,
+        log: str = "the logs",
+    ) -> None:
+        self.write = write
+        self.show_lines = lines
+        self.limit = limit
+        self.log = log
+        self.queue: collections.deque[tuple[str, bool]] = collections.deque()
+        self.queued = 0  # bytes (about) waiting
+        self.behind = False  # leaving lines out until what waits is written
+        self.dropped = 0  # lines left out since the last notice
+        self.dropped_total = 0
+        self.closing = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="meshkit-terminal", daemon=True)
+        self.thread.start()
+
+    def line(self, text: str) -> None:
+        if self.show_lines:
+            self._put(text, False)
+
+    def event(self, text: str) -> None:
+        self._put(text, True)
+
+    def _put(self, text: str, event: bool) -> None:
+        size = len(text) + 1
+        with self.cond:
+            if self.closing:
+                return
+            if event:
+                fits = self.queued + size <= 2 * self.limit
+            else:
+                fits = not self.behind and self.queued + size <= self.limit
+            if not fits:
+                self.behind = True
+                self.dropped += 1
+                return
+            self.queue.append((text, event))
+            self.queued += size
+            self.cond.notify()
+
+    def notice(self, count: int) -> str:
+        return f"the terminal did not keep up: {count} lines of output not shown here (every line is in {self.log})"
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not (self.behind and self.dropped) and not self.closing:
+                    self.cond.wait()
+                if self.queue:
+                    text, event = self.queue.popleft()
+                    self.queued -= len(text) + 1
+                    # Lines that wait go out together (one write, not one per line).
+                    while not event and self.queue and not self.queue[0][1] and len(text) < WRITE_BATCH:
+                        more = self.queue.popleft()[0]
+                        self.queued -= len(more) + 1
+                        text += "\n" + more
+                elif self.behind and self.dropped:
+                    # Caught up: say what was left out, then show lines again.
+                    text, event = self.notice(self.dropped), True
+                    self.dropped_total += self.dropped
+                    self.dropped, self.behind = 0, False
+                else:
+                    return  # closing, and nothing left
+            with contextlib.suppress(OSError, ValueError):  # the terminal is gone (`| head`): the logs have it
+                self.write(text, event)
+
+    def close(self) -> None:
+        """Write what waits (the job is over: this may wait for the terminal), then stop."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+        self.thread.join()
+
+
 class _Host:
     def __init__(self, job: HostJob, proc: subprocess.Popen) -> None:
         self.job = job
         self.proc = proc
-        self.buf = b""
+        self.buf = bytearray()  # what came from the agent, up to its last whole line
         self.out = bytearray()  # what the host has not taken yet (written as its pipe takes it)
         self.writing = False  # its stdin registered with the selector for writing
         self.input_closed = False  # its stdin is gone (EPIPE): nothing more can be sent
+        self.stdin_paused = False  # its agent asked for no more of the ranks' input for now
         self.stderr = collections.deque(maxlen=TAIL_LINES)
         self.bye = False
         self.closed_out = False
@@ -261,7 +392,12 @@ class Launcher:
         on_event: Callable[[str], None] | None = None,
         partial_flush: float | None = None,
         host_timeout: float | None = None,
+        lines: Lines | None = None,
+        terminal: Terminal | None = None,
     ) -> None:
+        """``on_line(rank, line)`` and ``on_event(text)`` are called in the launcher's loop: they
+        must not block. ``terminal`` shows the output (``lines`` says how) without ever holding
+        the loop up (see Terminal); the logs are written whatever it does."""
         self.hosts_spec = hosts
         self.job_id = job_id
         self.log_dir = Path(log_dir)
@@ -273,6 +409,8 @@ class Launcher:
         self.stdin = stdin
         self.on_line = on_line or (lambda _r, _line: None)
         self.on_event = on_event or (lambda _text: None)
+        self.lines = lines or Lines()
+        self.terminal = terminal
         # Interactive use: show a line without its newline (a pdb prompt) after this many seconds.
         self.partial_flush = partial_flush
         self.ranks: dict[int, RankState] = {}
@@ -293,16 +431,43 @@ class Launcher:
             for r in self.ranks
         }
         self.combined = open(self.log_dir / "output.log", "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+        # Ranks whose lines come through another's (MPI ranks, in mpirun's output): log, host, last lines.
+        self.sub_logs: dict[int, TextIO] = {}
+        self.sub_output: dict[int, tuple[str, collections.deque]] = {}
 
     def _close_logs(self) -> None:
-        for handle in self.rank_logs.values():
+        for handle in [*self.rank_logs.values(), *self.sub_logs.values()]:
             handle.close()
         self.combined.close()
+
+    def _event(self, text: str) -> None:
+        self.on_event(text)
+        if self.terminal is not None:
+            self.terminal.event(text)
 
     def _emit(self, rank: RankState, line: str) -> None:
         rank.tail.append(line)
         self.combined.write(f"[{rank.rank}|{rank.host}] {line}\n")
+        self._show(rank.label, rank.rank, self.lines.split(rank, line))
         self.on_line(rank, line)
+
+    def _show(self, label: str, own: int | None, parts: list[Shown]) -> None:
+        for number, host, text in parts:
+            if number is not None and number != own:
+                self._sub_line(number, host, text)
+            if self.terminal is not None:
+                self.terminal.line(f"[{label}] {text}" if number is None else f"[{number}|{host}] {text}")
+
+    def _sub_line(self, number: int, host: str, text: str) -> None:
+        """A line of a rank that speaks through another process (an MPI rank through mpirun):
+        kept in its own log on the controller, and its last lines for the summary."""
+        if number not in self.sub_logs:
+            self.sub_logs[number] = open(  # noqa: SIM115
+                self.log_dir / log_name(number), "w", encoding="utf-8", errors="replace", buffering=1
+            )
+            self.sub_output[number] = (host, collections.deque(maxlen=TAIL_LINES))
+        self.sub_logs[number].write(text + "\n")
+        self.sub_output[number][1].append(text)
 
     def _output(self, rank: RankState, raw: str) -> None:
         # The agent sends bytes as surrogate-escaped text, chunk by chunk; a character split
@@ -399,9 +564,25 @@ class Launcher:
             return
         self.stopping = why
         self.stop_sent_at = time.monotonic()
-        self.on_event(f"stopping every rank: {why}")
+        self._event(f"stopping every rank: {why}")
         for host in self.hosts:
             self._send(host, {"t": "stop", "why": why})
+
+    def _check_faults(self) -> None:
+        """A rank the output says is stuck for good (Lines.fault()) fails the job now."""
+        if self.stopping is not None:
+            return
+        found = self.lines.fault(time.monotonic())
+        if found is None:
+            return
+        rank = self.ranks.get(found[0])
+        if rank is None or rank.state != "running":
+            return
+        rank.fault = found[1]
+        if self.first_failure is None:
+            self.first_failure = rank
+        self._event(f"{rank.label} ({rank.host}) {rank.fault}")
+        self.stop(f"{rank.label} ({rank.host}) {rank.fault}")
 
     def _rank_exit(self, msg: dict[str, Any]) -> None:
         rank = self.ranks.get(msg["r"])
@@ -415,7 +596,9 @@ class Launcher:
         if rank.partial:
             line, rank.partial = rank.partial, ""
             self._emit(rank, line)
-        if rank.code == 0 and not rank.error:
+        if rank.fault:
+            rank.state, rank.error = "failed", rank.fault
+        elif rank.code == 0 and not rank.error:
             rank.state = "ok"
         elif msg.get("stopped") or (self.stopping is not None and rank.state == "running"):
             rank.state = "timeout" if self.stopping and self.stopping.startswith("timeout") else "stopped"
@@ -423,7 +606,7 @@ class Launcher:
             rank.state = "failed"
             if self.first_failure is None:
                 self.first_failure = rank
-            self.on_event(f"{rank.label} ({rank.host}) failed: {rank.describe()}")
+            self._event(f"{rank.label} ({rank.host}) failed: {rank.describe()}")
             self.stop(f"{rank.label} ({rank.host}) failed: {rank.describe()}")
 
     def _host_message(self, host: _Host, msg: dict[str, Any]) -> None:
@@ -436,16 +619,19 @@ class Launcher:
             if self.all_running is None and all(r.started_at is not None for r in self.ranks.values()):
                 self.all_running = rank.started_at - self.t0
                 what = "mpirun" if -1 in self.ranks else f"all {len(self.ranks)} ranks"
-                self.on_event(f"{what} running after {self.all_running:.2f} s")
+                self._event(f"{what} running after {self.all_running:.2f} s")
         elif kind == "exit":
             self._rank_exit(msg)
         elif kind == "error":
             host.error = msg.get("msg")
-            self.on_event(f"{host.job.host}: {host.error}")
+            self._event(f"{host.job.host}: {host.error}")
             self.stop(f"{host.job.host}: {host.error}")
         elif kind == "bye":
             host.bye = True
             host.left = list(msg.get("left") or [])
+        elif kind in ("stdin_pause", "stdin_resume"):
+            # A rank there has (no longer) too much of its input unread: see _pace_stdin().
+            host.stdin_paused = kind == "stdin_pause"
         # "hb": a heartbeat; hearing it (any bytes) is all it is for.
 
     def _read(self, stream: Any, host: _Host) -> None:
@@ -466,23 +652,25 @@ class Launcher:
             self._stderr_text(host, chunk)
             return
         host.buf += chunk
-        while b"\n" in host.buf:
-            line, host.buf = host.buf.split(b"\n", 1)
+        start = 0
+        while (end := host.buf.find(b"\n", start)) >= 0:
+            line, start = bytes(host.buf[start:end]), end + 1
             try:
                 msg = json.loads(line)
             except ValueError:
                 # Not the agent talking: a login banner or a shell's complaint.
                 text = line.decode(errors="replace")
                 host.stderr.append(text)
-                self.on_event(f"{host.job.host}: {text}")
+                self._event(f"{host.job.host}: {text}")
                 continue
             self._host_message(host, msg)
+        del host.buf[:start]
 
     def _stderr_text(self, host: _Host, chunk: bytes) -> None:
         for line in chunk.decode(errors="replace").splitlines():
             if line.strip():
                 host.stderr.append(line)
-                self.on_event(f"{host.job.host}: {line}")
+                self._event(f"{host.job.host}: {line}")
 
     def _host_gone(self, host: _Host) -> None:
         """A connection ended: ranks it never reported on are lost."""
@@ -542,7 +730,7 @@ class Launcher:
     def _host_silent(self, host: _Host) -> None:
         """Nothing from the host for host_timeout seconds: a partition, or a hung host or connection."""
         host.error = f"no word from its agent for {self.host_timeout:g} s (a network partition, or the host hung)"
-        self.on_event(
+        self._event(
             f"{host.job.host}: {host.error}; its ranks there are stopped by its agent once it has not heard "
             f"from the launcher for {self.host_timeout:g} s"
         )
@@ -582,10 +770,12 @@ class Launcher:
             self._send(host, {"t": "stdin", "d": text})
 
     def _pace_stdin(self) -> None:
-        """Read the launcher's stdin only while every host takes its input (see HIGH_WATER)."""
+        """Read the launcher's stdin only while every host takes its input (see HIGH_WATER) and
+        no agent has asked for a pause (a rank there has too much of it unread: a rank that never
+        reads its stdin holds the broadcast up, never the launcher or the agent's memory)."""
         if self.stdin is None or self.stdin_done:
             return
-        full = any(len(h.out) > HIGH_WATER for h in self.hosts if not h.done)
+        full = any(len(h.out) > HIGH_WATER or h.stdin_paused for h in self.hosts if not h.done)
         if full and not self.stdin_paused:
             self.sel.unregister(self.stdin)
             self.stdin_paused = True
@@ -639,6 +829,7 @@ class Launcher:
                 self._heartbeats(now)
                 self._pace_stdin()
                 self._flush_partials()
+                self._check_faults()
                 if self.timeout and self.stopping is None and now - self.t0 > self.timeout:
                     self.stop(f"timeout after {self.timeout:g} s")
                 if self._interrupted and self.stopping is None:
@@ -668,6 +859,7 @@ class Launcher:
                     with contextlib.suppress(OSError, ValueError):
                         stream.close()
             self._flush_partials(force=True)
+            self._show("", None, [part for part in self.lines.finish() if part[0] is not None])
             self._close_logs()
         return self._result(interrupted)
 
@@ -697,6 +889,7 @@ class Launcher:
             host_errors={
                 h.job.host: h.error or "; ".join(h.stderr) for h in self.hosts if h.error or (h.stderr and not h.bye)
             },
+            rank_output={number: (host, list(tail)) for number, (host, tail) in self.sub_output.items()},
         )
         (self.log_dir / "summary.json").write_text(json.dumps(result.summary(), indent=1) + "\n")
         return result

@@ -1,15 +1,25 @@
 """MPI jobs (plugins/module_utils/launch_mpi.py) and mpirun's remote shell agent
-(launch_connection.py run as a program), against a recorded Open MPI 4.1.4 report."""
+(launch_connection.py run as a program): against recorded Open MPI 4.1.4 output, and with the real
+mpirun on this machine, its "hosts" reached through the local connection."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import launch_connection, launch_mpi
+from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher, Terminal
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "mpi" / "openmpi-4.1.4-rank5-exit3.log"
 
@@ -43,6 +53,8 @@ def test_mpirun_argv_maps_by_slot_exports_the_common_env_and_uses_the_agent(tmp_
     agent = argv[argv.index("plm_rsh_agent") + 1].split(" ")
     assert agent[1].endswith("launch_connection.py") and agent[2] == str(tmp_path / "c.json")
     assert argv[-3:] == ["--", "./prog", "--x"]
+    # Per-rank files would be written by each host's orted, on that host, under the controller's path.
+    assert not any(a.startswith("--output-filename") for a in argv)
 
 
 def test_recorded_mpirun_report_names_the_first_failed_rank():
@@ -58,15 +70,25 @@ def test_recorded_mpirun_report_names_the_first_failed_rank():
 
 
 def test_explain_names_the_rank_mpirun_reported_with_its_own_lines(tmp_path):
-    (tmp_path / "mpi" / "1" / "rank.5").mkdir(parents=True)
-    (tmp_path / "mpi" / "1" / "rank.5" / "stdout").write_text("[1,5]<stdout>:up 5\n")
-    (tmp_path / "mpi" / "1" / "rank.5" / "stderr").write_text("[1,5]<stderr>:giving up\n")
+    # The recorded stream through Lines, as the launcher takes it apart: rank 5's lines are its own.
+    lines = launch_mpi.Lines(job())
     mpirun = SimpleNamespace(rank=-1, host="controller", state="failed", label="mpirun",
                              tail=FIXTURE.read_text().splitlines()[-20:], describe=lambda: "exit code 3")  # fmt: skip
-    outcome = SimpleNamespace(failed=[mpirun], ranks=[mpirun], reason="mpirun (controller) failed", log_dir=tmp_path)
+    per_rank: dict[int, list[str]] = collections.defaultdict(list)
+    for line in FIXTURE.read_text().splitlines():
+        for rank, _host, text in lines.split(mpirun, line):
+            if rank is not None:
+                per_rank[rank].append(text)
+    assert per_rank[5] == ["up 5", "giving up"] and per_rank[0] == ["up 0"]
+    output = {r: ("node2" if r == 5 else "?", t) for r, t in per_rank.items()}
+    outcome = SimpleNamespace(failed=[mpirun], ranks=[mpirun], reason="mpirun (controller) failed", log_dir=tmp_path,
+                              rank_output=output)  # fmt: skip
     reason, failures = launch_mpi.explain(job(), outcome)
     assert reason == "rank 5 (node2) exit code 3 (reported by mpirun, exit code 3)"  # rank 5: third ring host
     assert failures == [("rank 5 on node2: failed, exit code 3", ["up 5", "giving up"])]
+    # A rank that said nothing: no lines, not an error.
+    outcome.rank_output = {}
+    assert launch_mpi.explain(job(), outcome)[1] == [("rank 5 on node2: failed, exit code 3", [])]
 
 
 def test_lines_show_tagged_lines_as_the_ranks_own():
@@ -88,6 +110,154 @@ def test_lines_put_back_writes_of_several_ranks_that_share_a_line():
     assert shown(mpirun, "[1,0]<stdout>:") == ["[0|node1] mpi rank 0 sum=36"]
     line = "[1,6]<stderr>:ModuleNotFoundError[1,6]<stderr>:: [1,6]<stderr>:No module named 'mpi4py'[1,6]<stderr>:"
     assert shown(mpirun, line) == ["[6|node4] ModuleNotFoundError: No module named 'mpi4py'"]
+    # A rank's last piece without its line's end is given at the end.
+    assert shown(mpirun, "[1,2]<stdout>:no newline[1,3]<stdout>:three") == ["[3|node3] three"]
+    assert shown.finish() == [(2, "node3", "no newline")] and shown.finish() == []
+
+
+# What mpirun 4.1.4 printed, then hung until killed, when each host's orted could not make the
+# directory of --output-filename (recorded on this machine: `mpirun --output-filename /dev/null/mpi`
+# through two local "hosts"; on the lab the controller's /tmp path as meshadmin: Permission denied).
+MKDIR_FAILED = """\
+--------------------------------------------------------------------------
+A call to mkdir was unable to create the desired directory:
+
+  Directory: /root/nope
+  Error:     Permission denied
+
+Please check to ensure you have adequate permissions to perform
+the desired operation.
+--------------------------------------------------------------------------
+[vm:03448] 1 more process has sent help message help-opal-util.txt / mkdir-failed
+[vm:03448] Set MCA parameter "orte_base_help_aggregate" to 0 to see all help / error messages
+"""
+# Warnings mpirun prints and goes on after: never a fault.
+HARMLESS = """\
+--------------------------------------------------------------------------
+WARNING: There was an error initializing an OpenFabrics device.
+
+  Local host:   node1
+  Local device: mlx5_0
+--------------------------------------------------------------------------
+--------------------------------------------------------------------------
+The library attempted to open the following supporting CUDA libraries,
+but each of them failed.  CUDA-aware support is disabled.
+--------------------------------------------------------------------------
+[1,0]<stdout>:fine
+"""
+
+
+def test_an_error_mpirun_does_not_recover_from_is_a_fault_after_the_grace():
+    mpirun = SimpleNamespace(rank=-1, host="controller")
+    lines = launch_mpi.Lines(job(), grace=2.0)
+    for line in HARMLESS.splitlines():
+        lines.split(mpirun, line)
+    assert lines.fault(time.monotonic() + 100) is None
+    for line in MKDIR_FAILED.splitlines():
+        lines.split(mpirun, line)
+    now = time.monotonic()
+    assert lines.fault(now) is None  # mpirun may still exit by itself
+    rank, why = lines.fault(now + 2.0)
+    assert rank == -1
+    assert why.startswith("reported an error and did not exit within 2 s: A call to mkdir was unable to create the "
+                          "desired directory: Directory: /root/nope Error: Permission denied"), why  # fmt: skip
+    logged = launch_mpi.Lines(job(), grace=0)
+    logged.split(mpirun, "[node1:01234] [[17729,0],1] ORTE_ERROR_LOG: Not found in file base/ess_base_std_orted.c")
+    assert logged.fault(time.monotonic())[1].endswith("ORTE_ERROR_LOG: Not found in file base/ess_base_std_orted.c")
+
+
+# ---- the real mpirun, two "hosts" of this machine through the local connection ----------------------
+
+
+def local_job(job_id: str, argv: list[str]) -> dict:
+    ranks = [
+        {"rank": r, "host": host, "argv": argv, "cwd": None,
+         "env": {"MESHKIT_JOB_ID": job_id, "MESHKIT_RANK": str(r), "MESHKIT_HOST": host, "MARK": job_id}}
+        for r, host in enumerate(["hostA", "hostA", "hostB", "hostB"])
+    ]  # fmt: skip
+    return {"job_id": job_id, "runtime": "mpi", "world_size": 4, "ranks": ranks, "files": {}, "job_dir": "/unused"}
+
+
+def job_processes(job_id: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if name.isdigit() and f"MARK={job_id}".encode() in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
+                found.append(int(name))
+    return found
+
+
+@pytest.fixture
+def mpi_job(tmp_path: Path):
+    """run(argv, more mpirun options, grace of the fault) -> (job, result, lines shown); every
+    process of the job is gone afterwards."""
+    if shutil.which("mpirun") is None:
+        pytest.fail("mpirun is not installed here: apt install openmpi-bin (bench/system-deps)")
+    job_id = f"mpi-{uuid.uuid4().hex[:12]}"
+
+    def run(argv: list[str], more: list[str] | None = None, grace: float = 5.0, timeout: float = 60):
+        job = local_job(job_id, argv)
+        connections = {"hostA": {"kind": "local"}, "hostB": {"kind": "local"}}
+        host = launch_mpi.host_job(job, connections, tmp_path / "logs")
+        if more:
+            mpirun_argv = host.ranks[0]["argv"]
+            at = mpirun_argv.index("--")
+            host.ranks[0]["argv"] = [*mpirun_argv[:at], *more, *mpirun_argv[at:]]
+        shown: list[str] = []
+        terminal = Terminal(lambda text, event: shown.extend(text.splitlines()) if not event else None)
+        try:
+            result = Launcher([host], job_id, tmp_path / "logs", timeout=timeout, grace=1.0,
+                              lines=launch_mpi.Lines(job, grace=grace), terminal=terminal).run()  # fmt: skip
+        finally:
+            terminal.close()
+        return job, result, shown
+
+    yield run
+    left = job_processes(job_id)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], "processes of the MPI job were left running"
+
+
+def test_mpirun_output_is_taken_apart_per_rank_with_each_ranks_own_log_and_last_lines(mpi_job, tmp_path):
+    script = (
+        'echo "up $OMPI_COMM_WORLD_RANK"; '
+        'if [ "$OMPI_COMM_WORLD_RANK" = 3 ]; then echo "3: giving up" >&2; exit 3; fi; sleep 30'
+    )
+    job, result, shown = mpi_job(["sh", "-c", script])
+    assert not result.ok
+    reason, failures = launch_mpi.explain(job, result)
+    assert reason == "rank 3 (hostB) exit code 3 (reported by mpirun, exit code 3)", (reason, result.summary())
+    assert failures == [("rank 3 on hostB: failed, exit code 3", ["up 3", "3: giving up"])], failures
+    assert "[3|hostB] 3: giving up" in shown and "[3|hostB] up 3" in shown, shown
+    assert any(line.startswith("[mpirun] mpirun detected that one or more processes exited") for line in shown)
+    # Each rank's lines on the controller, from the stream: rank-N.log beside mpirun.log.
+    logs = tmp_path / "logs"
+    assert (logs / "rank-3.log").read_text() == "up 3\n3: giving up\n"
+    assert "[1,3]<stderr>:3: giving up" in (logs / "mpirun.log").read_text()
+    summary = json.loads((logs / "summary.json").read_text())
+    assert [r["rank"] for r in summary["ranks"]] == [-1]
+    out = {r["rank"]: r for r in summary["rank_output"]}
+    assert out[3] == {"rank": 3, "host": "hostB", "last_lines": ["up 3", "3: giving up"]}
+    assert not (logs / "mpi").exists()  # no per-rank files of mpirun's own any more
+    assert result.wall < 30
+
+
+def test_mpirun_hanging_on_its_own_error_is_stopped_after_the_grace(mpi_job):
+    """The lab's failure, for real: every orted fails to make --output-filename's directory, mpirun
+    says so and then hangs. The job fails within the fault's grace, not at its timeout."""
+    started = time.monotonic()
+    _job, result, shown = mpi_job(["sh", "-c", "echo never"], more=["--output-filename", "/dev/null/mpi"], grace=1.0)
+    took = time.monotonic() - started
+    assert not result.ok
+    [mpirun] = result.ranks
+    assert mpirun.state == "failed", result.summary()
+    assert result.reason.startswith("mpirun (controller) reported an error and did not exit within 1 s: A call to "
+                                    "mkdir was unable to create the desired directory"), result.reason  # fmt: skip
+    assert "/dev/null/mpi" in result.reason and "Not a directory" in result.reason
+    assert any("A call to mkdir was unable to create" in line for line in shown), shown
+    assert took < 1 + 1 + 15, took  # the fault's grace, SIGTERM's grace, mpirun's start; not the 60 s timeout
 
 
 def test_rsh_agent_runs_the_words_over_the_hosts_connection(tmp_path):

@@ -477,8 +477,9 @@ def test_a_killed_agent_leaves_nothing_of_its_ranks(tmp_path: Path, job_id: str)
     ]  # fmt: skip
     proc = agent_alone(job_id, tmp_path / "job", ranks, stderr=subprocess.PIPE)
     try:
-        ups: list[int] = []
-        seen = messages_until(proc, lambda m: m["t"] == "out" and len(ups.append(m["r"]) or ups) == 2)
+        # Both ranks said "up" (an unbuffered print may send "up" and its newline apart).
+        ups: set[int] = set()
+        seen = messages_until(proc, lambda m: m["t"] == "out" and "up" in m["d"] and len(ups.add(m["r"]) or ups) == 2)
         rank_pids = [m["pid"] for m in seen if m["t"] == "started"]
         agent = parent_of(rank_pids[0])
         assert agent != proc.pid and parent_of(agent) == proc.pid  # the agent is the watchdog's child
@@ -823,14 +824,24 @@ def test_an_agent_that_hears_heartbeats_keeps_its_ranks(tmp_path: Path, job_id: 
 NOBODY = 65534
 
 
+def made(path: Path) -> os.stat_result:
+    """Make a job directory as the agent does; the stat of what its descriptor holds."""
+    fd = launch_agent.job_directory(str(path))
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
 def test_the_job_directory_is_the_users_own_in_a_shared_sticky_parent(tmp_path: Path) -> None:
     state = tmp_path / "state"
     job = state / "jobs" / "j1"
-    launch_agent.job_directory(str(job))
+    first = made(job)
     # Missing, the shared parent is made as setup.yml makes it (sticky, world-writable: root here).
     assert (state / "jobs").stat().st_mode & 0o7777 == 0o1777
     assert job.stat().st_mode & 0o7777 == 0o700 and job.stat().st_uid == os.geteuid()
-    launch_agent.job_directory(str(job))  # the same job id again: its own private directory, kept
+    assert (first.st_ino, first.st_dev) == (job.stat().st_ino, job.stat().st_dev)
+    assert made(job).st_ino == first.st_ino  # the same job id again: its own private directory, kept
 
     squatted = state / "jobs" / "j2"
     squatted.mkdir(mode=0o700)
@@ -839,13 +850,92 @@ def test_the_job_directory_is_the_users_own_in_a_shared_sticky_parent(tmp_path: 
         launch_agent.JobDirError, match=rf"j2 exists and is not a private directory of .*owner uid {NOBODY}"
     ):
         launch_agent.job_directory(str(squatted))
-    (state / "jobs" / "j3").symlink_to(tmp_path)
-    with pytest.raises(launch_agent.JobDirError, match=r"j3 exists and is not a private directory .*\(not a directory"):
+    (state / "jobs" / "j3").symlink_to(tmp_path)  # a directory of this user's, through a link
+    with pytest.raises(launch_agent.JobDirError, match=r"j3 exists and is not a private directory .*\(a symbolic link"):
         launch_agent.job_directory(str(state / "jobs" / "j3"))
+    (state / "jobs" / "j5").write_text("")
+    with pytest.raises(launch_agent.JobDirError, match=r"j5 exists and is not a private directory .*\(not a directory"):
+        launch_agent.job_directory(str(state / "jobs" / "j5"))
     (state / "jobs" / "j4").mkdir(mode=0o755)
     os.chmod(state / "jobs" / "j4", 0o755)
     with pytest.raises(launch_agent.JobDirError, match=r"mode 0755\); nothing was started"):
         launch_agent.job_directory(str(state / "jobs" / "j4"))
+
+
+@pytest.mark.parametrize(
+    ("owner", "mode", "why"),
+    [
+        (0, 0o777, "every user may write to it and it is not sticky"),
+        (NOBODY, 0o1777, f"it belongs to uid {NOBODY}, neither root nor"),
+        (NOBODY, 0o755, f"it belongs to uid {NOBODY}, neither root nor"),
+        (0, 0o775, f"group {NOBODY} may write to it and it is not sticky"),
+    ],
+)
+def test_a_jobs_directory_others_could_change_is_refused_naming_the_fix(
+    tmp_path: Path, owner: int, mode: int, why: str
+) -> None:
+    jobs = tmp_path / "state" / "jobs"
+    jobs.mkdir(parents=True)
+    os.chown(jobs, owner, NOBODY)
+    jobs.chmod(mode)
+    with pytest.raises(launch_agent.JobDirError) as refused:
+        launch_agent.job_directory(str(jobs / "j1"))
+    assert str(refused.value).startswith(f"{jobs} is not a safe place for job directories: {why}"), refused.value
+    assert str(refused.value).endswith(f"run setup.yml, or as root: chown root {jobs} && chmod 1777 {jobs}")
+    assert not (jobs / "j1").exists()  # refused before anything was made
+
+
+@pytest.mark.parametrize(("owner", "mode"), [(0, 0o1777), (0, 0o755), (0, 0o1770), ("me", 0o700), ("me", 0o770)])
+def test_a_jobs_directory_only_root_or_the_user_can_change_is_used(tmp_path: Path, owner: Any, mode: int) -> None:
+    jobs = tmp_path / "state" / "jobs"
+    jobs.mkdir(parents=True)
+    os.chown(jobs, os.geteuid() if owner == "me" else owner, os.getegid())
+    jobs.chmod(mode)
+    assert made(jobs / "j1").st_mode & 0o7777 == 0o700
+
+
+def test_everything_the_agent_writes_goes_through_the_job_directorys_descriptor(tmp_path: Path) -> None:
+    """Once the job directory is open, replacing it by a symbolic link (to a directory of the
+    attacker's choosing) redirects nothing: files, rank logs and agent.log land in the directory
+    that was made, wherever it now is."""
+    jobs = tmp_path / "jobs"
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    fd = launch_agent.job_directory(str(jobs / "j1"))
+    try:
+        (jobs / "j1").rename(jobs / "moved")
+        (jobs / "j1").symlink_to(decoy)
+        launch_agent.write_job_file(fd, "meshccl.json", "{}\n")
+        with launch_agent.job_file(fd, "rank-0.log", "ab") as log:
+            log.write(b"line\n")
+        with pytest.raises(ValueError, match="plain name"):
+            launch_agent.write_job_file(fd, "../escape", "x")
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in (jobs / "moved").iterdir()) == ["meshccl.json", "rank-0.log"]
+    assert list(decoy.iterdir()) == []
+
+
+def test_an_agent_keeps_writing_into_its_job_directory_after_it_was_swapped(tmp_path: Path, job_id: str) -> None:
+    go = tmp_path / "go"
+    rank = sh(f"echo first; while [ ! -e {go} ]; do sleep 0.02; done; echo second; exit 4")
+    proc = agent_alone(job_id, tmp_path / "jobs" / "j1", [rank_spec(job_id, 0, rank)])
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    try:
+        messages_until(proc, lambda m: m["t"] == "out" and "first" in m["d"])
+        (tmp_path / "jobs" / "j1").rename(tmp_path / "jobs" / "moved")
+        (tmp_path / "jobs" / "j1").symlink_to(decoy)
+        go.touch()
+        messages_until(proc, lambda m: m["t"] == "exit")
+    finally:
+        messages = finish(proc)
+    assert messages[-1]["t"] == "bye"
+    moved = tmp_path / "jobs" / "moved"
+    assert (moved / "rank-0.log").read_text() == "first\nsecond\n"
+    assert "job " in (moved / "agent.log").read_text()
+    assert list(decoy.iterdir()) == []
+    assert settled(job_id) == []
 
 
 @pytest.fixture
