@@ -303,8 +303,13 @@ def test_mpi_program_through_one_mpirun_on_the_controller(lab):
     for shown, shown_host, rank, host, local, job_env, greeting in lines:
         assert shown == rank and shown_host == host == ring[int(rank) // 2], (lines, ring)
         assert int(local) == int(rank) % 2 and job_env == job and greeting == "hello"
-    # mpirun kept each rank's output on the controller.
-    assert "mpi rank 5/8" in (Path(summary["log_dir"]) / "mpi" / "1" / "rank.5" / "stdout").read_text()
+    # Each rank's output kept on the controller, taken from mpirun's tagged stream (no file of
+    # mpirun's own: those would be written on the hosts).
+    assert re.match(r"mpi rank 5/8 on \S+ sum=36", (Path(summary["log_dir"]) / "rank-5.log").read_text())
+    last = {r["rank"]: (r["host"], r["last_lines"]) for r in summary["rank_output"]}
+    assert sorted(last) == list(range(8)) and last[5][0] == ring[2], last
+    assert last[5][1][-1].startswith("mpi rank 5/8"), last
+    assert not (Path(summary["log_dir"]) / "mpi").exists()
 
 
 def test_mpi_failing_rank_is_named_and_nothing_is_left(lab):
@@ -326,7 +331,10 @@ def test_mpi_failing_rank_is_named_and_nothing_is_left(lab):
     assert rc != 0
     hosts = (Path(summary["log_dir"]) / "mpi-hostfile").read_text().split()[0::2]
     assert re.search(rf"failed: rank 5 \({hosts[2]}\) exit code 3 \(reported by mpirun", output), output
-    assert "rank 5: giving up" in output
+    # Its last lines, in the failure message (from mpirun's tagged stream).
+    assert re.search(
+        rf"rank 5 on {hosts[2]}: failed, exit code 3; last lines:\s+rank 5 up\s+rank 5: giving up", output
+    ), output
     assert summary["wall_s"] < 60, summary
     for host, listing in ps_on_every_host(handle).items():
         assert marker not in listing and "sleep 300" not in listing and "orted" not in listing, (host, listing)
