@@ -775,7 +775,9 @@ class Launcher:
         reads its stdin holds the broadcast up, never the launcher or the agent's memory)."""
         if self.stdin is None or self.stdin_done:
             return
-        full = any(len(h.out) > HIGH_WATER or h.stdin_paused for h in self.hosts if not h.done)
+        full = self.stopping is not None or any(
+            len(h.out) > HIGH_WATER or h.stdin_paused for h in self.hosts if not h.done
+        )  # (once stopping, no rank wants more)
         if full and not self.stdin_paused:
             self.sel.unregister(self.stdin)
             self.stdin_paused = True

@@ -31,6 +31,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import (
     JobResult,
     Launcher,
     RankState,
+    Terminal,
     agent_argv,
     host_jobs,
     redact,
@@ -1010,4 +1011,264 @@ def test_a_jobs_directory_the_user_cannot_write_is_named_with_the_fix(
     assert f"is not writable by nobody (uid {NOBODY})" in error
     assert "run setup.yml, or as root: chmod 1777" in error
     assert [r.state for r in result.ranks] == ["lost", "lost", "lost", "lost"]
+    assert settled(job_id) == []
+
+
+# ---- a terminal that does not take the output (a paused `| less`) -------------------------------------
+
+
+def blocked_terminal(limit: int) -> tuple[Terminal, threading.Event, list[tuple[str, bool]]]:
+    """A Terminal whose writes wait until the returned event is set, as a paused pager's do."""
+    gate = threading.Event()
+    written: list[tuple[str, bool]] = []
+
+    def write(text: str, event: bool) -> None:
+        gate.wait()
+        written.append((text, event))
+
+    return Terminal(write, limit=limit, log="LOG"), gate, written
+
+
+def test_a_terminal_that_takes_nothing_is_left_behind_then_told_what_it_missed() -> None:
+    terminal, gate, written = blocked_terminal(limit=10_000)
+    started = time.monotonic()
+    for i in range(5000):
+        terminal.line(f"line {i:05d} " + "x" * 80)
+    terminal.event("stopping every rank: timeout after 1 s")
+    assert time.monotonic() - started < 1.0  # never waits for the terminal
+    assert terminal.dropped > 4800
+    gate.set()
+    deadline = time.monotonic() + 10
+    while not any(event and text.startswith("the terminal did not keep up") for text, event in written):
+        assert time.monotonic() < deadline, written
+        time.sleep(0.01)
+    terminal.line("after it caught up")
+    terminal.close()
+    shown = [line for text, event in written if not event for line in text.split("\n")]
+    notice = next(text for text, event in written if event and text.startswith("the terminal"))
+    missed = int(notice.split(": ")[1].split()[0])
+    assert notice == f"the terminal did not keep up: {missed} lines of output not shown here (every line is in LOG)"
+    assert len(shown) - 1 + missed == 5000
+    assert shown[0].startswith("line 00000 ") and shown[-1] == "after it caught up"
+    assert ("stopping every rank: timeout after 1 s", True) in written  # the launcher's own events have room
+
+
+def test_a_paused_terminal_holds_up_neither_the_job_nor_its_heartbeats_nor_its_logs(
+    tmp_path: Path, job_id: str
+) -> None:
+    """12000 lines for a terminal that takes nothing for the whole job: no host is lost (the host
+    timeout, 1 s, passes several times over), the job timeout still ends it, every line is in the
+    logs, and the terminal hears what it missed once it takes output again."""
+    terminal, gate, written = blocked_terminal(limit=32 << 10)
+    flood = 'i=0; while [ $i -lt 3000 ]; do echo "rank $MESHKIT_RANK line $i"; i=$((i+1)); done; '
+    argvs = [sh(flood + "sleep 2")] * 3 + [sh(flood + "exec sleep 60")]
+    try:
+        with within(30):
+            result = launch(tmp_path, job_id, argvs, timeout=4, host_timeout=1.0, terminal=terminal)
+    finally:
+        gate.set()
+        terminal.close()
+    assert result.reason == "timeout after 4 s", result.summary()
+    assert [r.state for r in result.ranks] == ["ok", "ok", "ok", "timeout"]
+    assert result.host_errors == {}
+    assert result.wall < 4 + 1 + 3
+    for rank in range(4):
+        log = (tmp_path / "logs" / f"rank-{rank}.log").read_text().splitlines()
+        assert log == [f"rank {rank} line {i}" for i in range(3000)]
+    shown = [line for text, event in written if not event for line in text.split("\n")]
+    missed = sum(int(t.split(": ")[1].split()[0]) for t, e in written if e and t.startswith("the terminal did not"))
+    assert missed > 0 and len(shown) + missed == 12000
+    assert ("stopping every rank: timeout after 4 s", True) in written
+    assert settled(job_id) == []
+
+
+# ---- broadcast input for a rank that does not read it ---------------------------------------------
+
+
+def test_an_agent_asks_for_a_pause_while_a_rank_has_too_much_input_unread(tmp_path: Path, job_id: str) -> None:
+    go = tmp_path / "go"
+    reader = sh(f'while [ ! -e {go} ]; do sleep 0.02; done; wc -c; echo "read all"')
+    proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, reader)], stdin=True)
+    assert proc.stdin is not None
+    chunk = (json.dumps({"t": "stdin", "d": "y" * 65536}) + "\n").encode()
+    sent = threading.Thread(target=lambda: (proc.stdin.write(chunk * 48), proc.stdin.flush()))  # 3 MiB
+    sent.start()
+    try:
+        seen = messages_until(proc, lambda m: m["t"] == "stdin_pause")
+        assert not any(m["t"] == "stdin_resume" for m in seen)
+        go.touch()  # the rank reads now: below the cap again, the agent says so
+        messages_until(proc, lambda m: m["t"] == "stdin_resume")
+        sent.join(timeout=10)
+        proc.stdin.write(b'{"t": "stdin_eof"}\n')
+        proc.stdin.flush()
+        out = messages_until(proc, lambda m: m["t"] == "exit")
+    finally:
+        messages = finish(proc)
+    text = "".join(m["d"] for m in out if m["t"] == "out")
+    assert text.split() == [str(48 * 65536), "read", "all"]
+    assert messages[-1]["t"] == "bye"
+    assert settled(job_id) == []
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_piped_input_for_a_rank_that_never_reads_keeps_every_process_bounded(tmp_path: Path, job_id: str) -> None:
+    """`cat big | meshkit launch` with rank 0 never reading its stdin: its agent asks for a pause, so
+    the launcher stops reading its input; the agent's memory stays within its cap and what was in
+    flight, far below the 64 MiB offered."""
+    stdin, write_fd = pipe()
+    taken = [0]
+
+    def offer() -> None:
+        block = b"z" * (1 << 16)
+        with contextlib.suppress(OSError):  # EPIPE once the launcher is done
+            for _ in range(1024):
+                taken[0] += os.write(write_fd, block)
+        os.close(write_fd)
+
+    writer = threading.Thread(target=offer)
+    writer.start()
+    agent: list[int] = []
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            if agent:
+                with contextlib.suppress(OSError):
+                    peak[0] = max(peak[0], rss_kib(agent[0]))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    argvs = [sh("echo $PPID; exec sleep 60")] + [sh("cat > /dev/null")] * 3
+    try:
+        with stdin:
+            result = launch(tmp_path, job_id, argvs, stdin=stdin, timeout=4,
+                            on_line=lambda rank, line: agent.append(int(line)) if rank.rank == 0 else None)  # fmt: skip
+    finally:
+        done.set()
+        sampler.join()
+        writer.join(timeout=30)
+    assert result.reason == "timeout after 4 s", result.summary()
+    assert agent and peak[0] > 0
+    print(f"agent peak RSS {peak[0]} KiB; input taken {taken[0] >> 20} MiB of 64")
+    assert taken[0] < 8 << 20, taken[0]  # paused: the rest waited in the pipe
+    assert peak[0] < 64 << 10, peak[0]  # KiB
+    assert settled(job_id) == []
+
+
+# ---- the watchdog signals only what is still the job's -------------------------------------------
+
+WATCHDOG = r"""
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import launch_agent
+decoy, marked, how, mark = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+read_fd, write_fd = os.pipe()
+agent = os.fork()
+if agent == 0:  # the agent: its ranks' groups were these two; then it ends in order, or is killed
+    os.close(read_fd)
+    os.write(write_fd, f"+{decoy}\n+{marked}\n".encode())
+    if how == "in-order":
+        os.write(write_fd, b"=\n")
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGKILL)
+os.close(write_fd)
+launch_agent._prctl(launch_agent.PR_SET_CHILD_SUBREAPER, 1)
+sys.exit(launch_agent.watchdog(agent, read_fd, mark, None))
+"""
+
+
+@pytest.mark.parametrize("how", ["in-order", "killed"])
+def test_the_watchdog_signals_only_after_an_abnormal_end_and_only_what_carries_the_job(
+    tmp_path: Path, job_id: str, how: str
+) -> None:
+    """Two process groups the agent had announced: one whose number now belongs to another process
+    (no mark, not below the watchdog), one still the job's (its mark). An agent that ended in order
+    leaves both alone; a killed agent's watchdog kills the job's only."""
+    mark = f"m-{uuid.uuid4().hex}"
+    env = {"MESHKIT_JOB_ID": job_id}
+    decoy = subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
+    marked = subprocess.Popen(["sleep", "60"], start_new_session=True, env={**env, "MESHKIT_JOB_MARK": mark})
+    try:
+        here = str(AGENT_SOURCE.parent)
+        watch = subprocess.run(
+            [sys.executable, "-c", WATCHDOG, here, str(decoy.pid), str(marked.pid), how, mark],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert decoy.poll() is None, "a group number that is no longer the job's was signalled"
+        if how == "in-order":
+            assert watch.returncode == 0 and watch.stderr == "", watch
+            assert marked.poll() is None
+        else:
+            assert watch.returncode == 128 + signal.SIGKILL, watch
+            assert marked.wait(timeout=5) == -signal.SIGKILL
+            assert f"killed by SIGKILL; its watchdog killed 1 processes of the job: [{marked.pid}]" in watch.stderr
+    finally:
+        for proc in (decoy, marked):
+            proc.kill()
+            proc.wait()
+
+
+def test_marked_groups_from_ps_keep_only_groups_holding_the_job() -> None:
+    # `ps -E -ww -A -o pgid=,command=` on macOS: the environment follows the command.
+    ps = (
+        "  401 /usr/bin/python3 train.py TERM=xterm MESHKIT_JOB_MARK=77-abc HOME=/Users/a\n"
+        "  402 /bin/sleep 600 HOME=/Users/b\n"
+        "  403 /bin/sleep 600 MESHKIT_JOB_MARK=77-abcd\n"
+        "  404 -zsh\n"
+    )
+    assert launch_agent.marked_groups({401, 402, 403, 405}, "77-abc", ps) == {401}
+
+
+NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
+
+
+def take_pid(pid: int, env: dict[str, str]) -> subprocess.Popen | None:
+    """A new session leader (its process group number: ``pid``) with exactly that pid, through
+    ns_last_pid; None when another process took it first."""
+    for _ in range(20):
+        NS_LAST_PID.write_text(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def test_a_group_number_used_again_after_the_job_ended_is_not_signalled(tmp_path: Path, job_id: str) -> None:
+    """The rank's process group is empty once it exited: its number may be another's before the agent
+    exits (here while the agent waits for the controller to take its last 300 KB). The agent told its
+    watchdog the group was gone, and ended in order: the process now holding the number survives."""
+    pidfile = tmp_path / "rank.pid"
+    rank = sh(f"echo $$ > {pidfile}; head -c 300000 /dev/zero | tr '\\0' x; echo")
+    proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, rank)])
+    taker = None
+    try:
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        pid = int(pidfile.read_text())
+        while Path(f"/proc/{pid}").exists():  # exited and reaped by the agent, which now waits for us
+            assert time.monotonic() < deadline, "the rank did not end"
+            time.sleep(0.01)
+        taker = take_pid(pid, {"MESHKIT_JOB_ID": f"{job_id}-taker"})
+        assert taker is not None, f"pid {pid} was taken by another process first"
+        messages = finish(proc)
+        assert [m["t"] for m in messages][-2:] == ["exit", "bye"]
+        assert proc.returncode == 0
+        assert taker.poll() is None, "the watchdog signalled a process group that was no longer the job's"
+    finally:
+        if taker is not None:
+            taker.kill()
+            taker.wait()
+    assert "watchdog killed" not in (tmp_path / "job" / "agent.log").read_text()
     assert settled(job_id) == []
