@@ -329,6 +329,7 @@ def test_mpi_failing_rank_is_named_and_nothing_is_left(lab):
         launch_timeout=120,
     )
     assert rc != 0
+    assert summary is not None, output  # the job ran (a failure before it is not the one tested)
     hosts = (Path(summary["log_dir"]) / "mpi-hostfile").read_text().split()[0::2]
     assert re.search(rf"failed: rank 5 \({hosts[2]}\) exit code 3 \(reported by mpirun", output), output
     # Its last lines, in the failure message (from mpirun's tagged stream).
