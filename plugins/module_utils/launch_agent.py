@@ -1066,9 +1066,9 @@ class Agent:
 
     def confirm_groups(self, within: float = 2.0) -> bool:
         """At the end, once sweep() has run: every rank's process group seen empty and the watchdog
-        told so. What is still in a group then (a process of it that is no descendant of the agent)
-        gets SIGKILL through the group, which still holds the job's processes. False if a group is
-        still not empty after ``within`` seconds."""
+        told so. Nothing is signalled by group number here (the number of an empty group may be
+        another's): what the ranks left is the agent's own children, swept again while waiting.
+        False if a group is still not empty after ``within`` seconds (the watchdog then sweeps)."""
         deadline = time.monotonic() + within
         while True:
             alive = [rank for rank in self.ranks if not self.group_check(rank)]
@@ -1077,9 +1077,7 @@ class Agent:
             if time.monotonic() > deadline:
                 self.note(f"process groups still not empty at the end: {[r.proc.pid for r in alive if r.proc]}")
                 return False
-            for rank in alive:
-                self._signal_group(rank, signal.SIGKILL)
-            _reap()
+            self.sweep()
             time.sleep(0.01)
 
     def escalate(self) -> None:
