@@ -130,7 +130,7 @@ def test_ring5_converges(make_lab, tmp_path):
     assert plan["mesh"] is False
 
 
-def test_line3_ring_backend_fails_naming_the_missing_cable(make_lab, tmp_path):
+def test_line3_ring_backend_fails_naming_the_missing_cable_and_without_it_still_gets_addresses(make_lab, tmp_path):
     lab = make_lab(lab_size=3, lab_shape="line")
     assert lab.up().rc == 0
     run = setup(lab, tmp_path, "-e", "meshkit_backend=ring")
@@ -138,11 +138,7 @@ def test_line3_ring_backend_fails_naming_the_missing_cable(make_lab, tmp_path):
     assert "backend ring needs a ring through all 3 hosts; missing cable(s): node1 <-> node3" in run.output
     for ns in netns_of(lab).values():
         assert pool_addresses(ns) == {}
-
-
-def test_line3_without_backend_still_gets_addresses(make_lab, tmp_path):
-    lab = make_lab(lab_size=3, lab_shape="line")
-    assert lab.up().rc == 0
+    # The same line with the backend left automatic: no backend, every cable addressed.
     run = setup(lab, tmp_path)
     assert run.rc == 0, run.output
     plan = check_converged(lab, tmp_path)
@@ -161,41 +157,6 @@ def test_doubled_cables_give_parallel_rings(make_lab, tmp_path):
     assert len({c["network"] for c in plan["cables"]}) == 6
     assert len(plan["rings"]) == 2
     assert "(2 parallel rings)" in run.output
-
-
-def test_check_mode_on_a_fresh_lab_changes_nothing(make_lab, tmp_path):
-    lab = make_lab(lab_size=3, lab_shape="ring")
-    assert lab.up().rc == 0
-    before = snapshot(lab)
-    run = setup(lab, tmp_path, "--check", "--diff")
-    assert run.rc == 0, run.output
-    assert sum(r["changed"] for r in run.recap.values()) > 0  # it says what it would change
-    assert "bridge0 members: tb0, tb1" in run.output
-    assert "not probed (still in a bridge" in run.output
-    assert snapshot(lab) == before
-    assert not (tmp_path / "plan.json").exists()
-
-
-def test_management_interface_in_the_bridge_is_refused(make_lab, tmp_path):
-    lab = make_lab(lab_size=2, lab_shape="line")
-    assert lab.up().rc == 0
-    ns = netns_of(lab)["node1"]
-    ip = lab.hosts()["node1"]["ansible_host"]
-    prefix = lab.subnet.split("/")[1]
-    # node1's management address moves onto bridge0, with mgmt0 as a member (as on a Mac
-    # reached over its Thunderbolt Bridge). STP off so the port forwards at once.
-    for cmd in (
-        ["link", "set", "bridge0", "type", "bridge", "stp_state", "0"],
-        ["addr", "del", f"{ip}/{prefix}", "dev", "mgmt0"],
-        ["link", "set", "mgmt0", "master", "bridge0"],
-        ["addr", "add", f"{ip}/{prefix}", "dev", "bridge0"],
-    ):
-        sh("ip", "-n", ns, *cmd)
-    before = snapshot(lab)["node1"]
-    run = setup(lab, tmp_path)
-    assert run.rc != 0
-    assert "the management connection runs over bridge0 itself" in run.output
-    assert snapshot(lab)["node1"] == before
 
 
 def test_sixteen_host_ring(make_lab, tmp_path):
@@ -219,7 +180,7 @@ BAD_INVENTORY = [
 ]
 
 
-def test_bad_inventory_is_refused_before_any_host_is_touched(make_lab, tmp_path):
+def test_bad_inventory_and_management_in_the_bridge_are_refused_before_any_host_is_touched(make_lab, tmp_path):
     lab = make_lab(lab_size=2, lab_shape="line")
     assert lab.up().rc == 0
     before = snapshot(lab)
@@ -230,13 +191,41 @@ def test_bad_inventory_is_refused_before_any_host_is_touched(make_lab, tmp_path)
         assert "nothing was changed on any host" in run.output
     assert snapshot(lab) == before
 
+    ns = netns_of(lab)["node1"]
+    ip = lab.hosts()["node1"]["ansible_host"]
+    prefix = lab.subnet.split("/")[1]
+    # node1's management address moves onto bridge0, with mgmt0 as a member (as on a Mac
+    # reached over its Thunderbolt Bridge). STP off so the port forwards at once.
+    for cmd in (
+        ["link", "set", "bridge0", "type", "bridge", "stp_state", "0"],
+        ["addr", "del", f"{ip}/{prefix}", "dev", "mgmt0"],
+        ["link", "set", "mgmt0", "master", "bridge0"],
+        ["addr", "add", f"{ip}/{prefix}", "dev", "bridge0"],
+    ):
+        sh("ip", "-n", ns, *cmd)
+    before = snapshot(lab)
+    run = setup(lab, tmp_path)
+    assert run.rc != 0
+    assert "node1: the management connection runs over bridge0 itself" in run.output
+    # Refused in the first step, before node2 (whose own management is fine) changed either.
+    assert snapshot(lab) == before
 
-def test_a_host_lost_during_setup_stops_every_host_and_a_rerun_converges(make_lab, tmp_path):
-    """node2's management link goes down once its peer ports are out of the bridge: every host
-    stops, the failure names node2 and the step it was in, and once node2 is back a re-run
-    converges with nothing lost."""
+
+def test_check_mode_on_a_fresh_lab_changes_nothing_and_a_host_lost_mid_run_stops_every_host(make_lab, tmp_path):
+    """--check on a fresh lab says what it would change and changes nothing. Then node2's management
+    link goes down once its peer ports are out of the bridge: every host stops, the failure names
+    node2 and the step it was in, and once node2 is back a re-run converges with nothing lost."""
     lab = make_lab(lab_size=3, lab_shape="ring")
     assert lab.up().rc == 0
+    before = snapshot(lab)
+    run = setup(lab, tmp_path, "--check", "--diff")
+    assert run.rc == 0, run.output
+    assert sum(r["changed"] for r in run.recap.values()) > 0  # it says what it would change
+    assert "bridge0 members: tb0, tb1" in run.output
+    assert "not probed (still in a bridge" in run.output
+    assert snapshot(lab) == before
+    assert not (tmp_path / "plan.json").exists()
+
     ns = netns_of(lab)
     cmd = ["ansible-playbook", "setup.yml", "-i", str(lab.inventory), "-e", f"meshkit_artifacts_dir={tmp_path}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
