@@ -378,6 +378,49 @@ def test_stale_hostfiles_fail_the_launch(lab):
         subprocess.run([*enter, "sh", "-c", f"cat > {manifest}"], input=original, text=True, check=True)
 
 
+def test_meshkit_launch_into_a_paused_pager_still_runs_its_job(lab):
+    """`meshkit launch ... | less`, the pager paused for the whole job: 8 ranks print 3 MB between
+    them, far beyond what the pipe holds, and with a 3 s host timeout no host is lost (the launcher
+    keeps its heartbeats going), the job ends ok, the logs have every line; when the pager reads
+    again it gets what was kept and a notice of what was left out."""
+    handle, artifacts = lab
+    lines = 15000
+    script = f'i=0; while [ $i -lt {lines} ]; do echo "rank $MESHKIT_RANK line $i"; i=$((i+1)); done; sleep 6'
+    argv = [PYTHON, MESHKIT, "launch", "-i", str(handle.inventory), "-r", "plain", "-n", "2", "-t", "120",
+            "--host-timeout", "3", "--no-stdin", "-e", f"meshkit_artifacts_dir={artifacts}",
+            "--", "sh", "-c", script]  # fmt: skip
+    (artifacts / "launch").mkdir(parents=True, exist_ok=True)
+    before = set((artifacts / "launch").iterdir())
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
+    try:
+        # Nothing is read from its output (stdout and stderr both: the pager holds both) until
+        # the job has ended: its summary is written before the launch waits for the terminal.
+        wait_for(
+            "the job's summary",
+            lambda: any((d / "summary.json").exists() for d in set((artifacts / "launch").iterdir()) - before),
+            240,
+            0.5,
+        )
+        [job_dir] = set((artifacts / "launch").iterdir()) - before
+        summary = json.loads((job_dir / "summary.json").read_text())
+        out, _ = proc.communicate(timeout=60)  # the pager reads again
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-3000:]
+    assert summary["ok"] and [r["state"] for r in summary["ranks"]] == ["ok"] * 8, summary
+    assert summary["host_errors"] == {}, summary
+    for r in range(8):
+        log = (job_dir / f"rank-{r}.log").read_text().splitlines()
+        assert log == [f"rank {r} line {i}" for i in range(lines)], (r, len(log))
+    missed = re.findall(r"the terminal did not keep up: (\d+) lines of output not shown here", text)
+    assert missed, text[-3000:]
+    shown = len(re.findall(r"^\[\d\|node\d\] rank \d line \d+$", text, re.M))
+    assert shown + sum(map(int, missed)) == 8 * lines, (shown, missed)
+
+
 def test_meshkit_launch_broadcasts_a_typed_line_to_every_rank(lab):
     handle, artifacts = lab
     main, sub = pty.openpty()
@@ -523,6 +566,14 @@ def wait_for(what: str, condition: Any, within: float, every: float = 0.1) -> fl
     return time.monotonic() - started
 
 
+def still(proc: subprocess.Popen[str]) -> bool:
+    """True while the launch runs; a launch that ended before the test wanted it to fails the test
+    with what it said."""
+    if proc.poll() is not None:
+        pytest.fail(f"the launch ended early (exit {proc.returncode}):\n{proc.communicate()[0]}")
+    return True
+
+
 def finished(proc: subprocess.Popen[str], within: float) -> str:
     try:
         out, _ = proc.communicate(timeout=within)
@@ -608,7 +659,8 @@ def test_a_partitioned_host_fails_the_launch_within_the_bound_and_every_rank_sto
     bound = 20 + 3  # the default host timeout, then the grace of the others' SIGTERM
     try:
         # Every rank runs: sh and its sleep, two ranks on each of the 4 hosts.
-        wait_for("8 ranks running", lambda: sorted(map(len, job_processes(marker).values())) == [4] * 4, 180, 0.5)
+        wait_for("8 ranks running", lambda: still(proc) and sorted(map(len, job_processes(marker).values())) == [4] * 4,
+                 180, 0.5)  # fmt: skip
         with partitioned(handle, "node3"):
             cut = time.monotonic()
             output = finished(proc, within=bound + 60)
@@ -621,7 +673,7 @@ def test_a_partitioned_host_fails_the_launch_within_the_bound_and_every_rank_sto
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            print(f"the launch, killed:\n{proc.communicate()[0]}")  # what it said before the test gave up
     assert proc.returncode != 0
     assert re.search(r"failed: rank \d \(node3\) lost the host's agent", output), output
     # Whichever saw it first (ssh's keepalives or the launcher's heartbeats), the silence is named.
@@ -655,7 +707,8 @@ def test_meshkit_launch_host_timeout_bounds_a_partition(lab):
             "--", "sh", "-c", 'echo "rank $MESHKIT_RANK up"; sleep 600 & wait']  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
     try:
-        wait_for("8 ranks running", lambda: sorted(map(len, job_processes(marker).values())) == [4] * 4, 180, 0.5)
+        wait_for("8 ranks running", lambda: still(proc) and sorted(map(len, job_processes(marker).values())) == [4] * 4,
+                 180, 0.5)  # fmt: skip
         with partitioned(handle, "node1"):
             cut = time.monotonic()
             output = finished(proc, within=60)
@@ -667,7 +720,7 @@ def test_meshkit_launch_host_timeout_bounds_a_partition(lab):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            print(f"the launch, killed:\n{proc.communicate()[0]}")  # what it said before the test gave up
     assert proc.returncode == 1, output
     assert re.search(r"rank \d \(node1\) lost the host's agent.*(no word|without a word) from its agent", output), (
         output
@@ -694,7 +747,7 @@ def test_a_killed_agent_leaves_nothing_of_its_ranks(lab):
     )
     try:
         # Per host, 2 ranks x (the rank, sh, its sleep, a daemon, a daemon without environment).
-        wait_for("every family up", lambda: set(lines_with(handle, seconds).values()) == {10}, 180, 0.5)
+        wait_for("every family up", lambda: still(proc) and set(lines_with(handle, seconds).values()) == {10}, 180, 0.5)
         ranks = [pid for pid in job_processes(marker)["node2"] if "daemon_family.py" in cmdline(pid)]
         assert len(ranks) == 2, ranks
         [agent] = {parent(pid) for pid in ranks}
@@ -714,7 +767,7 @@ def test_a_killed_agent_leaves_nothing_of_its_ranks(lab):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            print(f"the launch, killed:\n{proc.communicate()[0]}")  # what it said before the test gave up
     assert proc.returncode != 0
     assert re.search(r"failed: rank \d \(node2\) lost the host's agent", output), output
     assert "node2: meshkit agent (pid" in output and "killed by SIGKILL; its watchdog killed" in output, output
