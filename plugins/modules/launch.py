@@ -22,9 +22,14 @@ description:
     supervisor stops its ranks when it has not heard from the controller for as long. ssh connections get keepalives
     and a connect timeout within it. No write to one host can hold the others, the timeout or Ctrl-C up.
   - The ranks run as the user the connection logs in as (O(job)'s directory on each host is that user's own, mode
-    0700, in C(<state_dir>/jobs), which setup.yml makes sticky and world-writable).
+    0700, in C(<state_dir>/jobs), which setup.yml makes root's, sticky and world-writable; a C(jobs) directory
+    another user could change is refused). Every file there is made through the directory's open descriptor.
   - The ranks' output is shown prefixed C([rank|host]) as it comes and kept per rank on the controller, with a
-    C(summary.json), in the job's directory.
+    C(summary.json), in the job's directory. It is shown from a thread of its own, so a terminal that does not take
+    it never holds the job up (lines beyond 1 MiB waiting are left out there, and said so; the logs keep them).
+  - MPI jobs (one C(mpirun) on the controller) have each MPI rank's lines taken from C(mpirun)'s tagged output, kept
+    in C(rank-N.log) and their last lines in the summary's C(rank_output); an error C(mpirun) reports and does not
+    recover from fails the job within 5 s.
   - C(MESHCCL_TOKEN), a fresh random job token, is given to meshccl ranks and written nowhere.
 version_added: 0.1.0
 author: meshkit contributors
@@ -83,7 +88,8 @@ EXAMPLES = r"""
 RETURN = r"""
 summary:
   description: Per rank - host, state (ok, failed, stopped, timeout, lost), exit code or signal, last lines; the wall
-    time, the time until every rank ran, and the log directory.
+    time, the time until every rank ran, and the log directory; for MPI jobs C(rank_output), each MPI rank's host and
+    last lines.
   returned: always
   type: dict
 table:
