@@ -452,6 +452,16 @@ def test_meshkit_launch_broadcasts_a_typed_line_to_every_rank(lab):
         assert re.search(rf"^\[{r}\|node\d\] rank {r} got: hello mesh\r?$", text, re.M), text
 
 
+def settled_port(handle: LabHandle, host: str, port: str) -> bool:
+    """The port has carrier and a link-local IPv6 address that is no longer tentative."""
+    netns = handle.hosts()[host]["meshkit_lab_netns"]
+    [info] = ip_json("-n", netns, "addr", "show", "dev", port) or [{}]
+    return "LOWER_UP" in info.get("flags", []) and any(
+        a.get("family") == "inet6" and a.get("scope") == "link" and not a.get("tentative")
+        for a in info.get("addr_info", [])
+    )
+
+
 def test_meshkit_launch_remembers_the_checked_plan_and_rechecks_on_the_hosts(lab, tmp_path):
     """The first `meshkit launch` runs launch.yml and remembers what it planned from; the next
     plans from that and has every host check it (cables by the MAC that answers, hostfiles,
@@ -534,6 +544,10 @@ def test_meshkit_launch_remembers_the_checked_plan_and_rechecks_on_the_hosts(lab
         assert "[0|" not in down.stdout  # nothing started
     finally:
         sh(*node3, "ip", "link", "set", link["port"], "up")
+        # The lab settled again before anything else runs: both ends of the cable up with a usable
+        # IPv6 link-local address (duplicate-address detection done), as discovery's probe needs.
+        ends = [("node3", link["port"]), (link["peer_host"], link["peer_port"])]
+        wait_for(f"both ends of {ends} settled", lambda: all(settled_port(handle, *end) for end in ends), 60, 0.1)
 
     # Back up (its neighbours resolved afresh): the remembered plan holds again.
     again = meshkit_launch(*hello)
