@@ -33,6 +33,7 @@ class ActionModule(ActionBase):
                     "the cabling changed since setup.yml planned it (added: "
                     f"{', '.join(changes.get('added') or []) or 'none'}; removed: "
                     f"{', '.join(changes.get('removed') or []) or 'none'}); run setup.yml, then launch again"
+                    + "".join(f"\n  - {line}" for line in changes.get("why_removed") or [])
                 )
             if args.get("manifests") is not None:
                 stale = stale_hosts(args["plan"], dict(args["manifests"]), args["state_dir"])

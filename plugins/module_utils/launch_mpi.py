@@ -50,6 +50,8 @@ FATAL = (
     "mpirun was unable to find the specified executable",
     "It looks like orte_init failed",
 )
+# mpirun's words when a rank exited non-zero, before (and sometimes instead of) the report that names it.
+UNNAMED = "1 process returned a non-zero exit code"
 ERROR_LOG = re.compile(r"\b(?:ORTE|OPAL|OMPI|PRTE|PMIX)_ERROR_LOG\b|\bPMIX ERROR\b")
 BANNER = re.compile(r"^-{20,}\s*$")
 MPI_ERROR_GRACE = 5.0
@@ -240,4 +242,11 @@ def explain(job: dict[str, Any], outcome: Any) -> tuple[str, list[tuple[str, lis
             reason = f"rank {rank} ({host}) exit code {code} (reported by mpirun, {mpirun.describe()})"
             tail = (outcome.rank_output.get(rank) or (host, []))[1]
             return reason, [(f"rank {rank} on {host}: failed, exit code {code}", list(tail)[-10:])]
+        if UNNAMED in " ".join("\n".join(mpirun.tail).split()):
+            # About one failing job in ten, Open MPI 4.1 says a process failed but not which one.
+            reason = (
+                f"{outcome.reason}: a rank exited with a non-zero code and mpirun did not say which "
+                "(its report was cut short); every rank's output is in its rank-N.log"
+            )
+            return reason, [(f"{r.label} on {r.host}: {r.state}, {r.describe()}", list(r.tail)[-10:]) for r in failed]
     return outcome.reason, [(f"{r.label} on {r.host}: {r.state}, {r.describe()}", list(r.tail)[-10:]) for r in failed]

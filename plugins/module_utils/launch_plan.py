@@ -67,7 +67,7 @@ def validate(given: dict[str, Any]) -> dict[str, Any]:
     validator = Validator(SCHEMA)
     if not validator.validate(doc):
         problems = [
-            f"launch_{name} = {doc.get(name)!r}: {'; '.join(map(str, errs))}; {HINTS.get(name, '')}".rstrip("; ")
+            f"launch_{name} = {doc.get(name)!r}: {'; '.join(_plain(errs))}; {HINTS.get(name, '')}".rstrip("; ")
             for name, errs in sorted(validator.errors.items())
         ]
         raise LaunchError("bad launch settings; nothing was started:\n  - " + "\n  - ".join(problems))
@@ -82,6 +82,23 @@ def validate(given: dict[str, Any]) -> dict[str, Any]:
             raise LaunchError(f"launch_program is empty; {HINTS['program']}")
     out["program"] = program
     out["env"] = {k: _env_value(v) for k, v in (out.get("env") or {}).items()}
+    return out
+
+
+def _plain(errors: list[Any]) -> list[str]:
+    """Cerberus's words for a value that is not a number ("field 'x' cannot be coerced: could not
+    convert string to float: 'soon'", then "must be of ['integer', 'float'] type") said once, plainly."""
+    out: list[str] = []
+    for given in map(str, errors):
+        said = given
+        if "cannot be coerced" in given or given.startswith("must be of ['integer', 'float'] type"):
+            said = "not a number"
+        elif given == "must be of integer type":
+            said = "not a whole number"
+        if said not in out:
+            out.append(said)
+    if "not a number" in out and "not a whole number" in out:
+        out.remove("not a number")
     return out
 
 

@@ -473,6 +473,41 @@ def build_plan(
     )
 
 
+def why_removed(removed: list[str], discovery: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """For each removed cable (as cabling_changes names it), what its two ends report now: down,
+    in a bridge, no peer answering, or a peer other than the one it had. An operator needs to know
+    which end to look at (a reseated cable, a port taken down, a peer that stopped answering)."""
+    ports = {(host, p.get("port")): p for host, found in discovery.items() for p in found or []}
+    names = {str(p.get("ident") or "").lower(): f"{host}:{port}" for (host, port), p in ports.items() if p.get("ident")}
+    lines = []
+    for cable in removed:
+        ends = [end.strip() for end in cable.split("<->")]
+        said = []
+        for end, other in zip(ends, reversed(ends), strict=True):
+            host, _, port = end.partition(":")
+            found = ports.get((host, port))
+            if host not in discovery:
+                said.append(f"{end}: its host was not discovered")
+            elif found is None:
+                said.append(f"{end}: no such port now")
+            elif found.get("in_bridge"):
+                said.append(f"{end}: in {found['in_bridge']}, not probed")
+            elif not found.get("up"):
+                said.append(f"{end}: down")
+            elif found.get("probe_error"):
+                said.append(f"{end}: could not be probed ({found['probe_error']})")
+            elif not found.get("seen"):
+                said.append(f"{end}: up, no peer answered")
+            else:
+                peers = sorted(names.get(str(s).lower(), str(s)) for s in found["seen"])
+                if peers == [other]:
+                    said.append(f"{end}: sees {other}")
+                else:
+                    said.append(f"{end}: sees {', '.join(peers)} instead of {other}")
+        lines.append(f"{cable}: {'; '.join(said)}")
+    return lines
+
+
 def cabling_changes(previous: dict[str, Any] | None, plan: Plan) -> dict[str, list[str]]:
     """Cables added and removed since the last recorded plan."""
     if not previous:

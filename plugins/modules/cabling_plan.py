@@ -72,7 +72,9 @@ plan:
   returned: success
   type: dict
 changes:
-  description: Cables added and removed against the last recorded plan.
+  description:
+    - Cables added and removed against the last recorded plan (C(added), C(removed)), and for each
+      removed cable what its two ends report now (C(why_removed), e.g. C(node3:tb0 down)).
   returned: success
   type: dict
 unprobed:
@@ -91,6 +93,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
     TopologyError,
     build_plan,
     cabling_changes,
+    why_removed,
 )
 
 
@@ -140,6 +143,7 @@ def main() -> None:
         module.fail_json(msg=str(exc), unprobed=unprobed)
     data = plan.as_dict()
     changes = cabling_changes(previous, plan)
+    changes["why_removed"] = why_removed(changes["removed"], p["discovery"])
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     old_text = json.dumps(previous, indent=2, sort_keys=True) + "\n" if previous else ""
     changed = text != old_text and not unprobed and p["save"]

@@ -11,9 +11,12 @@ short_description: Report this host's peer ports and what is cabled to each
 description:
   - One round trip per host. Changes nothing; safe in check mode.
   - Linux - candidate ports are the interfaces matching O(peer_ports) (never the management interface or a
-    bridge). Each port that is up and not enslaved to a bridge is probed at the link layer (an IPv6
-    all-nodes ping bound to the port, all ports at once); the neighbour MACs it learns identify the port
-    at the other end, matched later against the MACs gathered from every host.
+    bridge). Each port that is up, has carrier and is not enslaved to a bridge is probed at the link layer,
+    all ports at once - an IPv6 all-nodes ping bound to the port names the link-local address that
+    answers, then a unicast ping to it has this host resolve the peer's MAC itself - so the neighbour
+    MACs identify the port at the other end whatever the neighbour table held before (a reboot empties
+    it). Runs as the login user (no root needed). A port whose probe cannot run is reported with
+    C(probe_error) and a warning.
   - On thunderbolt-net ports, Thunderbolt sysfs (C(/sys/class/net/<port>/device) up to the peer's XDomain
     device) adds the peer host's UUID and name and the link speed (lane speed times lanes).
   - Ports still enslaved to a bridge are reported with C(in_bridge) and not probed (a probe through a bridge
@@ -53,7 +56,7 @@ EXAMPLES = r"""
 RETURN = r"""
 ports:
   description: One entry per candidate port - port, ident (MAC or domain UUID), seen (peer identities), speed,
-    rdma device, in_bridge, up.
+    rdma device, in_bridge, up, probe_error (Linux - why the port could not be probed, else null).
   returned: always
   type: list
   elements: dict
@@ -68,6 +71,7 @@ management_interface:
 """
 
 import platform
+import re
 import subprocess
 import time
 
@@ -79,19 +83,66 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
     runner,
 )
 
+# A reply in ping's output: "64 bytes from fe80::1c2:3ff:fe04:506%tb1: icmp_seq=1 ttl=64 time=0.07 ms".
+REPLY = re.compile(r"\bfrom (fe80:[0-9a-fA-F:]+)%([^:\s]+):")
 
-def probe_linux(ports: list[dict], seconds: int) -> None:
-    """Ping IPv6 all-nodes on every port at once; the replies fill the neighbour table."""
-    procs = [
-        subprocess.Popen(
-            ["ping", "-6", "-n", "-q", "-L", "-c", "3", "-i", "0.2", "-w", str(seconds), "-I", p["ifname"], "ff02::1"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+
+def _pings(argvs: dict[str, list[str]], seconds: int) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run the pings at once; each one's output, by key."""
+    procs = {
+        key: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        for key, argv in argvs.items()
+    }
+    done = {}
+    for key, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=seconds + 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        done[key] = subprocess.CompletedProcess(argvs[key], proc.returncode, out, err)
+    return done
+
+
+def probe_linux(ports: list[str], seconds: int) -> dict[str, str]:
+    """Find who answers on every port (all at once), then resolve each answerer's MAC ourselves.
+
+    First an IPv6 all-nodes ping bound to the port: its replies name the link-local address at the
+    other end. Then one unicast ping to that address, so this host asks for the peer's MAC itself
+    (neighbour solicitation and advertisement) and its neighbour table holds it whatever state the
+    table was in: a reboot or a cable taken out empties it, and the peer may answer the multicast
+    ping from a cache of its own without asking anything. One echo each, no interval: iputils ping
+    refuses multicast intervals under 1 s to users other than root, and discovery runs as the login
+    user. A port with no answer is asked once more (a single lost echo). Returns what went wrong
+    per port (ping's own error), for ports that could not be probed at all."""
+    errors: dict[str, str] = {}
+    answering: dict[str, set[str]] = {port: set() for port in ports}
+    silent = list(ports)
+    for _ in range(2):
+        runs = _pings(
+            {port: ["ping", "-6", "-n", "-L", "-c", "1", "-w", str(seconds), "-I", port, "ff02::1"] for port in silent},
+            seconds,
         )
-        for p in ports
-    ]
-    for proc in procs:
-        proc.wait(timeout=seconds + 5)
+        for port, run in runs.items():
+            for address, dev in REPLY.findall(run.stdout):
+                if dev == port:
+                    answering[port].add(address)
+            if run.returncode not in (0, 1):  # 1: sent, nothing came back; 2 and more: not sent
+                errors[port] = (run.stderr.strip().splitlines() or [f"ping exit {run.returncode}"])[-1]
+            else:
+                errors.pop(port, None)
+        silent = [port for port in silent if not answering[port] and port not in errors]
+        if not silent:
+            break
+    _pings(
+        {
+            f"{address}%{port}": ["ping", "-6", "-n", "-c", "1", "-w", str(seconds), f"{address}%{port}"]
+            for port, addresses in answering.items()
+            for address in sorted(addresses)
+        },
+        seconds,
+    )
+    return errors
 
 
 def wait_for_link_local(run, names: list[str], seconds: float) -> list[str]:
@@ -119,10 +170,15 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
     mgmt = find_management_interface(module, run, darwin=False)
     candidates = linux_net.candidate_ports(all_links, params["peer_ports"], mgmt)
     probe = [p for p in candidates if not p.get("master") and "UP" in p.get("flags", [])]
+    errors: dict[str, str] = {}
     if probe:
-        # Only ports with carrier will get a link-local address; an unplugged one is not waited for.
-        wait_for_link_local(run, [p["ifname"] for p in probe if "LOWER_UP" in p.get("flags", [])], 10)
-        probe_linux(probe, params["probe_seconds"])
+        # Only ports with carrier will get a link-local address; an unplugged one is not waited for
+        # (nor is its probe's failure news: it has no cable).
+        carrier = [p["ifname"] for p in probe if "LOWER_UP" in p.get("flags", [])]
+        wait_for_link_local(run, carrier, 10)
+        errors = probe_linux(carrier, params["probe_seconds"])
+    for port, why in sorted(errors.items()):
+        module.warn(f"{port}: the probe could not run ({why}); what is cabled to it is not known")
     neigh = linux_net.neighbours(run)
     own_macs = {link.get("address", "").lower() for link in all_links}
     ports = []
@@ -157,6 +213,7 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
                 "rdma": None,
                 "generation": macos.thunderbolt_generation(thunderbolt["speed"]) if thunderbolt else None,
                 "thunderbolt": thunderbolt,
+                "probe_error": errors.get(name),
             }
         )
     return ports, mgmt

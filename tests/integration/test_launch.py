@@ -67,6 +67,17 @@ def holders(handle: LabHandle) -> dict[str, int]:
     return json.loads((handle.dir / "state.json").read_text())["holders"]
 
 
+def links_as_seen(handle: LabHandle) -> str:
+    """Every lab host's links, IPv6 addresses and neighbours (what discovery reads), for a failure message."""
+    out = []
+    for host, vars_ in handle.hosts().items():
+        netns = vars_["meshkit_lab_netns"]
+        for what in (["-br", "link"], ["-br", "-6", "addr"], ["-6", "neigh"]):
+            text = sh("ip", "-n", netns, *what, check=False).stdout
+            out.append(f"--- {host}: ip {' '.join(what)}\n{text}")
+    return "\n" + "\n".join(out)
+
+
 def ps_on_every_host(handle: LabHandle) -> dict[str, str]:
     """`ps -eo pid,args` inside each lab host's own PID namespace."""
     out = {}
@@ -135,6 +146,34 @@ def test_setup_by_name_as_a_sudo_user_converged_is_idempotent_and_check_changes_
         for n, links in state.items()
     }
     assert strip(after) == strip(before)
+
+
+def test_discovery_as_the_login_user_finds_every_cable_from_empty_neighbour_tables(lab):
+    """What a reboot or a reseated cable leaves: no neighbour entry on any port. Discovery runs as
+    meshadmin (launch.yml discovers without become; iputils ping refuses it sub-second multicast
+    intervals) and still names every planned peer, by resolving each answer's MAC itself."""
+    handle, artifacts = lab
+    hosts = handle.hosts()
+    for vars_ in hosts.values():
+        sh("ip", "-n", vars_["meshkit_lab_netns"], "-6", "neigh", "flush", "all")
+    found = handle.ansible(
+        "-m", "meshkit.cluster.discover", "-a", json.dumps({"peer_ports": ["tb*"], "management_interface": "mgmt0"}),
+        "-o",
+    )  # fmt: skip
+    assert found.returncode == 0, found.stdout + found.stderr
+    ports = {}
+    for line in found.stdout.splitlines():
+        host, _, rest = line.partition(" | SUCCESS => ")
+        for port in json.loads(rest)["ports"]:
+            ports[(host, port["port"])] = port
+    assert {host for host, _ in ports} == set(hosts), found.stdout
+    plan = json.loads((artifacts / "plan.json").read_text())
+    for host, links in plan["per_host"].items():
+        for link in links:
+            mine, peer = ports[(host, link["port"])], ports[(link["peer_host"], link["peer_port"])]
+            where = f"{host}:{link['port']}"
+            assert mine["probe_error"] is None, (where, mine)
+            assert mine["seen"] == [peer["ident"]], (where, mine, link)
 
 
 def test_meshccl_all_reduce_on_4_hosts_x_2_ranks(lab):
@@ -331,11 +370,15 @@ def test_mpi_failing_rank_is_named_and_nothing_is_left(lab):
     assert rc != 0
     assert summary is not None, output  # the job ran (a failure before it is not the one tested)
     hosts = (Path(summary["log_dir"]) / "mpi-hostfile").read_text().split()[0::2]
-    assert re.search(rf"failed: rank 5 \({hosts[2]}\) exit code 3 \(reported by mpirun", output), output
-    # Its last lines, in the failure message (from mpirun's tagged stream).
-    assert re.search(
-        rf"rank 5 on {hosts[2]}: failed, exit code 3; last lines:\s+rank 5 up\s+rank 5: giving up", output
-    ), output
+    if "mpirun did not say which" not in output:
+        assert re.search(rf"failed: rank 5 \({hosts[2]}\) exit code 3 \(reported by mpirun", output), output
+        # Its last lines, in the failure message (from mpirun's tagged stream).
+        assert re.search(
+            rf"rank 5 on {hosts[2]}: failed, exit code 3; last lines:\s+rank 5 up\s+rank 5: giving up", output
+        ), output
+    else:  # Open MPI 4.1 cut its report short (about one run in ten): no rank guessed, the code kept
+        assert "mpirun (controller) exit code 3: a rank exited with a non-zero code" in output, output
+        assert "rank 5: giving up" in (Path(summary["log_dir"]) / "rank-5.log").read_text()
     assert summary["wall_s"] < 60, summary
     for host, listing in ps_on_every_host(handle).items():
         assert marker not in listing and "sleep 300" not in listing and "orted" not in listing, (host, listing)
@@ -700,13 +743,13 @@ def test_a_partitioned_host_fails_the_launch_within_the_bound_and_every_rank_sto
         assert "sleep 600" not in listing, (host, listing)
     # The lab is usable again: a launch on every host works.
     rc, again, _ = launch(lab, launch_program=["sh", "-c", "echo back"], launch_runtime="plain")
-    assert rc == 0, again
+    assert rc == 0, again + links_as_seen(handle)
 
 
 def test_a_bad_host_timeout_is_named_before_any_rank_starts(lab):
     rc, output, summary = launch(lab, launch_program="true", launch_runtime="plain", launch_host_timeout="soon")
     assert rc != 0
-    assert "launch_host_timeout = 'soon': give the seconds without a word from a host" in output, output
+    assert "launch_host_timeout = 'soon': not a number; give the seconds without a word from a host" in output, output
     assert summary is None  # nothing started
 
 

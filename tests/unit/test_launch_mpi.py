@@ -91,6 +91,23 @@ def test_explain_names_the_rank_mpirun_reported_with_its_own_lines(tmp_path):
     assert launch_mpi.explain(job(), outcome)[1] == [("rank 5 on node2: failed, exit code 3", [])]
 
 
+def test_explain_says_so_when_mpirun_names_no_rank(tmp_path):
+    """Recorded: mpirun exits with the failed rank's code but prints only "1 process returned a
+    non-zero exit code", not which. The reason says so; it never guesses a rank."""
+    text = (FIXTURE.parent / "openmpi-4.1.4-rank3-exit3-unnamed.log").read_text()
+    assert launch_mpi.first_failure(text) is None
+    mpirun = SimpleNamespace(rank=-1, host="controller", state="failed", label="mpirun",
+                             tail=text.splitlines(), describe=lambda: "exit code 3")  # fmt: skip
+    outcome = SimpleNamespace(failed=[mpirun], ranks=[mpirun], reason="mpirun (controller) exit code 3",
+                              log_dir=tmp_path, rank_output={})  # fmt: skip
+    reason, failures = launch_mpi.explain(job(), outcome)
+    assert reason == (
+        "mpirun (controller) exit code 3: a rank exited with a non-zero code and mpirun did not say which "
+        "(its report was cut short); every rank's output is in its rank-N.log"
+    )
+    assert failures == [("mpirun on controller: failed, exit code 3", text.splitlines()[-10:])]
+
+
 def test_lines_show_tagged_lines_as_the_ranks_own():
     shown = launch_mpi.Lines(job())
     mpirun = SimpleNamespace(rank=-1, host="controller")
@@ -187,6 +204,14 @@ def job_processes(job_id: str) -> list[int]:
     return found
 
 
+def separate_tmp(tmp_path: Path) -> Path:
+    """An rsh agent prefix: ``TMPDIR`` per host (the agent's 4th word), then the agent itself."""
+    wrapper = tmp_path / "per-host-tmp"
+    wrapper.write_text('#!/bin/sh\nTMPDIR="$0.d/$4"; export TMPDIR; mkdir -p "$TMPDIR"; exec "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 @pytest.fixture
 def mpi_job(tmp_path: Path):
     """run(argv, more mpirun options, grace of the fault) -> (job, result, lines shown); every
@@ -199,8 +224,13 @@ def mpi_job(tmp_path: Path):
         job = local_job(job_id, argv)
         connections = {"hostA": {"kind": "local"}, "hostB": {"kind": "local"}}
         host = launch_mpi.host_job(job, connections, tmp_path / "logs")
+        mpirun_argv = host.ranks[0]["argv"]
+        # Two "hosts" of one machine: each orted gets a temporary directory of its own, as it
+        # would on a machine of its own. Two orteds of one hostname share Open MPI's session
+        # directory under /tmp, and about one job in five then hangs with one orted gone.
+        agent = mpirun_argv.index("plm_rsh_agent") + 1
+        mpirun_argv[agent] = f"{separate_tmp(tmp_path)} {mpirun_argv[agent]}"
         if more:
-            mpirun_argv = host.ranks[0]["argv"]
             at = mpirun_argv.index("--")
             host.ranks[0]["argv"] = [*mpirun_argv[:at], *more, *mpirun_argv[at:]]
         shown: list[str] = []
@@ -228,18 +258,27 @@ def test_mpirun_output_is_taken_apart_per_rank_with_each_ranks_own_log_and_last_
     job, result, shown = mpi_job(["sh", "-c", script])
     assert not result.ok
     reason, failures = launch_mpi.explain(job, result)
-    assert reason == "rank 3 (hostB) exit code 3 (reported by mpirun, exit code 3)", (reason, result.summary())
-    assert failures == [("rank 3 on hostB: failed, exit code 3", ["up 3", "3: giving up"])], failures
+    # mpirun forwards a rank's stdout and stderr through pipes of their own, so the two lines
+    # may come in either order; both are there, each once.
+    both = sorted(["up 3", "3: giving up"])
+    if any(line.startswith("[mpirun] mpirun detected that one or more processes exited") for line in shown):
+        assert reason == "rank 3 (hostB) exit code 3 (reported by mpirun, exit code 3)", (reason, shown)
+        sorted_failures = [(name, sorted(lines)) for name, lines in failures]
+        assert sorted_failures == [("rank 3 on hostB: failed, exit code 3", both)], failures
+    else:
+        # mpirun's report cut short (about one run in ten; the recorded case in fixtures/mpi):
+        # the exit code is still the rank's, and no rank is guessed.
+        assert reason.startswith("mpirun (controller) exit code 3: a rank exited with a non-zero code and mpirun "
+                                 "did not say which"), (reason, shown)  # fmt: skip
     assert "[3|hostB] 3: giving up" in shown and "[3|hostB] up 3" in shown, shown
-    assert any(line.startswith("[mpirun] mpirun detected that one or more processes exited") for line in shown)
     # Each rank's lines on the controller, from the stream: rank-N.log beside mpirun.log.
     logs = tmp_path / "logs"
-    assert (logs / "rank-3.log").read_text() == "up 3\n3: giving up\n"
+    assert sorted((logs / "rank-3.log").read_text().splitlines()) == both
     assert "[1,3]<stderr>:3: giving up" in (logs / "mpirun.log").read_text()
     summary = json.loads((logs / "summary.json").read_text())
     assert [r["rank"] for r in summary["ranks"]] == [-1]
     out = {r["rank"]: r for r in summary["rank_output"]}
-    assert out[3] == {"rank": 3, "host": "hostB", "last_lines": ["up 3", "3: giving up"]}
+    assert {**out[3], "last_lines": sorted(out[3]["last_lines"])} == {"rank": 3, "host": "hostB", "last_lines": both}
     assert not (logs / "mpi").exists()  # no per-rank files of mpirun's own any more
     assert result.wall < 30
 
@@ -252,7 +291,7 @@ def test_mpirun_hanging_on_its_own_error_is_stopped_after_the_grace(mpi_job):
     took = time.monotonic() - started
     assert not result.ok
     [mpirun] = result.ranks
-    assert mpirun.state == "failed", result.summary()
+    assert mpirun.state == "failed", (result.summary(), shown)
     assert result.reason.startswith("mpirun (controller) reported an error and did not exit within 1 s: A call to "
                                     "mkdir was unable to create the desired directory"), result.reason  # fmt: skip
     assert "/dev/null/mpi" in result.reason and "Not a directory" in result.reason

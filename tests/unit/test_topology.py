@@ -20,6 +20,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
     longest_ring,
     missing_for_ring,
     ring_cables,
+    why_removed,
 )
 
 
@@ -426,6 +427,37 @@ def test_previous_networks_are_kept_when_a_cable_is_added():
     nets = {str(c): str(n) for c, n in after.subnets.items()}
     assert nets == {"node2:p0 <-> node3:p1": "10.30.0.0/30", "node1:p0 <-> node2:p1": "10.30.0.4/30"}
     assert cabling_changes(before, after) == {"added": ["node1:p0 <-> node2:p1"], "removed": []}
+
+
+def test_why_a_cable_is_gone_names_what_each_end_reports_now():
+    def port(name, ident, seen=(), up=True, in_bridge=None):
+        return {"port": name, "ident": ident, "seen": list(seen), "up": up, "in_bridge": in_bridge}
+
+    discovery = {
+        "node1": [port("tb0", "aa:01"), port("tb1", "aa:02", ["cc:09"])],
+        "node2": [port("tb0", "bb:01", up=False), port("tb1", "bb:02", in_bridge="bridge0")],
+        "node3": [port("tb0", "cc:01", ["AA:01"]), port("tb1", "cc:02")],
+        "node4": [{**port("tb1", "dd:02"), "probe_error": "ping: SO_BINDTODEVICE: Operation not permitted"}],
+    }
+    removed = [
+        "node1:tb0 <-> node3:tb0",
+        "node1:tb1 <-> node2:tb0",
+        "node2:tb1 <-> node3:tb1",
+        "node3:tb2 <-> node4:tb0",
+        "node2:tb2 <-> node4:tb1",
+    ]
+    assert why_removed(removed, discovery) == [
+        "node1:tb0 <-> node3:tb0: node1:tb0: up, no peer answered; node3:tb0: sees node1:tb0",
+        "node1:tb1 <-> node2:tb0: node1:tb1: sees cc:09 instead of node2:tb0; node2:tb0: down",
+        "node2:tb1 <-> node3:tb1: node2:tb1: in bridge0, not probed; node3:tb1: up, no peer answered",
+        "node3:tb2 <-> node4:tb0: node3:tb2: no such port now; node4:tb0: no such port now",
+        "node2:tb2 <-> node4:tb1: node2:tb2: no such port now; "
+        "node4:tb1: could not be probed (ping: SO_BINDTODEVICE: Operation not permitted)",
+    ]
+    assert why_removed(["node1:tb0 <-> node5:tb0"], discovery) == [
+        "node1:tb0 <-> node5:tb0: node1:tb0: up, no peer answered; node5:tb0: its host was not discovered"
+    ]
+    assert why_removed([], discovery) == []
 
 
 def test_cabling_changes_reports_removed_cables():
