@@ -97,24 +97,7 @@ def _reap() -> None:
 
 def _children(pid: int) -> list[int]:
     """Live processes whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
-    out = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != b"Z":
-            out.append(int(name))
-    return out
+    return [child for child, (parent, state, _group) in _proc_table().items() if parent == pid and state != b"Z"]
 
 
 # --- checks before a launch (the launch_preflight module and `meshkit launch` share them) ------
