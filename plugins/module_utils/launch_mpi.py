@@ -233,20 +233,21 @@ def explain(job: dict[str, Any], outcome: Any) -> tuple[str, list[tuple[str, lis
     """Why the job failed and, per failed rank, (heading, last lines). For MPI the rank mpirun
     reported first, with its own last lines, as taken from mpirun's tagged output."""
     failed = outcome.failed or [r for r in outcome.ranks if r.state == "timeout"]
+    reason = outcome.reason
     if job["runtime"] == "mpi" and failed:
         mpirun = failed[0]
-        found = first_failure("\n".join(mpirun.tail))
+        said = "\n".join(mpirun.tail)
+        found = first_failure(said)
         if found is not None:
             rank, code = found
             host = {r["rank"]: r["host"] for r in job["ranks"]}.get(rank, "?")
             reason = f"rank {rank} ({host}) exit code {code} (reported by mpirun, {mpirun.describe()})"
             tail = (outcome.rank_output.get(rank) or (host, []))[1]
             return reason, [(f"rank {rank} on {host}: failed, exit code {code}", list(tail)[-10:])]
-        if UNNAMED in " ".join("\n".join(mpirun.tail).split()):
+        if UNNAMED in " ".join(said.split()):
             # About one failing job in ten, Open MPI 4.1 says a process failed but not which one.
-            reason = (
-                f"{outcome.reason}: a rank exited with a non-zero code and mpirun did not say which "
+            reason += (
+                ": a rank exited with a non-zero code and mpirun did not say which "
                 "(its report was cut short); every rank's output is in its rank-N.log"
             )
-            return reason, [(f"{r.label} on {r.host}: {r.state}, {r.describe()}", list(r.tail)[-10:]) for r in failed]
-    return outcome.reason, [(f"{r.label} on {r.host}: {r.state}, {r.describe()}", list(r.tail)[-10:]) for r in failed]
+    return reason, [(f"{r.label} on {r.host}: {r.state}, {r.describe()}", list(r.tail)[-10:]) for r in failed]

@@ -129,8 +129,6 @@ def probe_linux(ports: list[str], seconds: int) -> dict[str, str]:
                     answering[port].add(address)
             if run.returncode not in (0, 1):  # 1: sent, nothing came back; 2 and more: not sent
                 errors[port] = (run.stderr.strip().splitlines() or [f"ping exit {run.returncode}"])[-1]
-            else:
-                errors.pop(port, None)
         silent = [port for port in silent if not answering[port] and port not in errors]
         if not silent:
             break

@@ -623,6 +623,13 @@ def wait_for(what: str, condition: Any, within: float, every: float = 0.1) -> fl
     return time.monotonic() - started
 
 
+def kill_if_running(proc: subprocess.Popen[str]) -> None:
+    """A launch the test gave up on: killed, and what it had said printed."""
+    if proc.poll() is None:
+        proc.kill()
+        print(f"the launch, killed:\n{proc.communicate()[0]}")
+
+
 def still(proc: subprocess.Popen[str]) -> bool:
     """True while the launch runs; a launch that ended before the test wanted it to fails the test
     with what it said."""
@@ -728,9 +735,7 @@ def test_a_partitioned_host_fails_the_launch_within_the_bound_and_every_rank_sto
         print(f"partition to launch exit: {to_exit:.1f} s; to node3's ranks gone: {to_node3_gone:.1f} s")
         print("\n".join(line for line in output.splitlines() if "node3" in line and "meshkit launch:" in line))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            print(f"the launch, killed:\n{proc.communicate()[0]}")  # what it said before the test gave up
+        kill_if_running(proc)
     assert proc.returncode != 0
     assert re.search(r"failed: rank \d \(node3\) lost the host's agent", output), output
     # Whichever saw it first (ssh's keepalives or the launcher's heartbeats), the silence is named.
@@ -775,9 +780,7 @@ def test_meshkit_launch_host_timeout_bounds_a_partition(lab):
             to_node1_gone = time.monotonic() - cut
         print(f"--host-timeout 6: partition to exit {to_exit:.1f} s; to node1's ranks gone {to_node1_gone:.1f} s")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            print(f"the launch, killed:\n{proc.communicate()[0]}")  # what it said before the test gave up
+        kill_if_running(proc)
     assert proc.returncode == 1, output
     assert re.search(r"rank \d \(node1\) lost the host's agent.*(no word|without a word) from its agent", output), (
         output
@@ -822,9 +825,7 @@ def test_a_killed_agent_leaves_nothing_of_its_ranks(lab):
         ended = time.monotonic() - killed
         print(f"agent SIGKILL to nothing left on node2: {gone:.2f} s; to launch exit: {ended:.1f} s")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            print(f"the launch, killed:\n{proc.communicate()[0]}")  # what it said before the test gave up
+        kill_if_running(proc)
     assert proc.returncode != 0
     assert re.search(r"failed: rank \d \(node2\) lost the host's agent", output), output
     assert "node2: meshkit agent (pid" in output and "killed by SIGKILL; its watchdog killed" in output, output
