@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import management
 
@@ -17,6 +20,43 @@ def runner(module: Any):
         return rc, out, err
 
     return run
+
+
+Key = TypeVar("Key")
+
+
+def run_parallel(
+    module: Any, argvs: dict[Key, list[str]], timeout: float | None = None
+) -> dict[Key, tuple[int, str, str]]:
+    """Run every command at once, each through ``AnsibleModule.run_command`` in a thread of its own;
+    ``(rc, out, err)`` by key, in the order given. The arguments are passed as they are (no ``~`` or
+    ``$VAR`` expansion). A command still running after ``timeout`` seconds is killed (its rc is then
+    negative: -9). A command that cannot be started raises (OSError), as ``subprocess`` does, instead
+    of ``run_command`` failing the module from inside a thread."""
+
+    def one(argv: list[str]) -> tuple[int, str, str]:
+        timers: list[threading.Timer] = []
+
+        def arm(proc: Any) -> None:
+            if timeout is not None:
+                timer = threading.Timer(timeout, proc.kill)
+                timer.daemon = True
+                timer.start()
+                timers.append(timer)
+
+        try:
+            return module.run_command(
+                argv, expand_user_and_vars=False, handle_exceptions=False, before_communicate_callback=arm
+            )
+        finally:
+            for timer in timers:
+                timer.cancel()
+
+    if not argvs:
+        return {}
+    with ThreadPoolExecutor(max_workers=len(argvs)) as pool:
+        futures = {key: pool.submit(one, argv) for key, argv in argvs.items()}
+        return {key: future.result() for key, future in futures.items()}
 
 
 def apply(module: Any, run, commands: list[list[str]]) -> list[dict[str, Any]]:
@@ -52,10 +92,10 @@ def find_management_interface(module: Any, run, darwin: bool) -> str:
     p = module.params
     if darwin:
         net = management.darwin_hostnet(run)
-        route = lambda a: management.darwin_route_interface(run, a)  # noqa: E731
+        route = functools.partial(management.darwin_route_interface, run)
     else:
         net = management.linux_hostnet(run)
-        route = lambda a: management.linux_route_interface(run, a)  # noqa: E731
+        route = functools.partial(management.linux_route_interface, run)
     found = []
     if not p.get("management_interface"):
         found = management.findings(

@@ -565,7 +565,7 @@ def marked_groups(groups: set[int], mark: str, ps_output: str | None = None) -> 
     needle = f"MESHKIT_JOB_MARK={mark}"
     found = set()
     for line in ps_output.splitlines():
-        head, _, rest = line.strip().partition(" ")
+        head, _sep, rest = line.strip().partition(" ")
         if head.isdigit() and int(head) in groups and needle in rest.split():
             found.add(int(head))
     return found
@@ -804,9 +804,9 @@ class Agent:
 
     # --- the job --------------------------------------------------------------------------------
 
-    def open_job_directory(self, job: dict) -> None:
+    def open_job_directory(self, job: dict) -> int:
         """The job's directory (see job_directory()) and its agent.log, both held open: nothing
-        the agent or its watchdog writes there later goes by path."""
+        the agent or its watchdog writes there later goes by path. Returns the directory's fd."""
         dir_fd = job_directory(job["dir"])
         try:
             self.log_fd = os.open(
@@ -817,18 +817,17 @@ class Agent:
             os.close(dir_fd)
             raise
         self.dir_fd = dir_fd
+        return dir_fd
 
     def start(self, job: dict) -> None:
-        if self.dir_fd is None:
-            self.open_job_directory(job)
-        assert self.dir_fd is not None
+        dir_fd = self.dir_fd if self.dir_fd is not None else self.open_job_directory(job)
         for name, text in job.get("files", {}).items():
-            write_job_file(self.dir_fd, name, text)
+            write_job_file(dir_fd, name, text)
         self.grace = float(job.get("grace", 3.0))
         interactive = bool(job.get("stdin"))
         self.note(f"job {job.get('job')}: starting {len(job['ranks'])} ranks as {_user()}")
         for spec in job["ranks"]:
-            rank = Rank(spec, self.dir_fd)
+            rank = Rank(spec, dir_fd)
             self.ranks.append(rank)
             env = dict(os.environ)
             env.update(spec.get("env", {}))
@@ -1075,7 +1074,7 @@ class Agent:
     def sweep(self) -> list[int]:
         """Kill whatever the ranks left running (re-parented to this subreaper); their pids."""
         left: set[int] = set()
-        for _ in range(50):
+        for _attempt in range(50):
             _reap()
             pids = _children(os.getpid())
             if not pids:
@@ -1146,7 +1145,7 @@ class Agent:
         self.flush()
         self.handle_lines()  # lines that came in with the job line
         while not all(r.reported for r in self.ranks):
-            for key, _ in self.sel.select(TAIL_POLL):
+            for key, _events in self.sel.select(TAIL_POLL):
                 if key.data is None:
                     self.on_input()
                 elif key.data == "out":

@@ -14,10 +14,12 @@ import ipaddress
 import json
 import os
 import re
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-Run = Callable[[list[str]], tuple[int, str, str]]
+if TYPE_CHECKING:  # annotations only: modules run on the hosts' Pythons (3.8 and later)
+    from collections.abc import Callable
+
+    Run = Callable[[list[str]], tuple[int, str, str]]
 
 
 class NetError(RuntimeError):

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-Run = Callable[[list[str]], tuple[int, str, str]]
+if TYPE_CHECKING:  # annotations only: modules run on the hosts' Pythons (3.8 and later)
+    from collections.abc import Callable
+
+    Run = Callable[[list[str]], tuple[int, str, str]]
+
 NETWORKD_DIR = "/etc/systemd/network"
 # "00-" so the file sorts before a distribution's or user's own match for the port:
 # networkd applies the first .network file that matches.
@@ -182,7 +185,8 @@ def nm_settings(run: Run, name: str, keys: list[str]) -> dict[str, str]:
     if rc != 0:
         return {}
     values = out.rstrip("\n").split("\n")
-    return dict(zip(keys, values + [""] * (len(keys) - len(values)), strict=False))
+    # One line per key; keys nmcli printed nothing for read as "".
+    return {key: values[i] if i < len(values) else "" for i, key in enumerate(keys)}
 
 
 def nm_add(port: str, *settings: str) -> list[str]:

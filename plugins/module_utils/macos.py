@@ -12,9 +12,12 @@ import ipaddress
 import json
 import plistlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.linux_net import Run, checked
+from ansible_collections.meshkit.cluster.plugins.module_utils.linux_net import checked
+
+if TYPE_CHECKING:
+    from ansible_collections.meshkit.cluster.plugins.module_utils.linux_net import Run
 
 SYSTEM_PROFILER = ["system_profiler", "SPThunderboltDataType", "-json"]
 HARDWARE_PORTS = ["networksetup", "-listallhardwareports"]

@@ -32,12 +32,17 @@ import json
 import os
 import re
 import socket
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-Run = Callable[[list[str]], tuple[int, str, str]]
-Resolve = Callable[[str], list[tuple[str, str | None]]]
+if TYPE_CHECKING:  # annotations only: modules run on the hosts' Pythons (3.8 and later)
+    from collections.abc import Callable, Iterable
+    from typing import Optional
+
+    Run = Callable[[list[str]], tuple[int, str, str]]
+    # Optional: ansible-test's pylint (set for Python 3.8) rejects "str | None" in an alias, even here.
+    Resolve = Callable[[str], list[tuple[str, Optional[str]]]]  # noqa: UP045
+
 VARIABLE = "meshkit_management_interface"
 
 
@@ -82,7 +87,7 @@ def _is_loopback(address: str) -> bool:
 
 
 def _split_scope(address: str) -> tuple[str, str | None]:
-    base, _, scope = address.partition("%")
+    base, _sep, scope = address.partition("%")
     return base, scope or None
 
 
@@ -194,7 +199,7 @@ def _bsd_network(dest: str, flags: str) -> ipaddress.IPv4Network | None:
     is /32."""
     if dest == "default":
         return None
-    base, _, prefix = dest.partition("/")
+    base, _sep, prefix = dest.partition("/")
     octets = base.split(".")
     if not all(o.isdigit() for o in octets) or len(octets) > 4:
         return None  # a name (netstat without -n) or a link-layer entry
@@ -294,7 +299,7 @@ def _name_findings(source: str, target: str, net: HostNet, resolve: Resolve, pee
         return [Finding(source, "resolves to nothing")]
     usable = [(a, s) for a, s in resolved if not _is_loopback(a)]
     if not usable:
-        shown = ", ".join(a for a, _ in resolved)
+        shown = ", ".join(a for a, _scope in resolved)
         return [Finding(source, f"{shown} only (loopback: this host maps the name to itself): tells nothing")]
     answers: list[tuple[str, str | None, str]] = []
     for address, scope in usable:
@@ -305,7 +310,7 @@ def _name_findings(source: str, target: str, net: HostNet, resolve: Resolve, pee
         answers.append((address, iface, detail))
     # A name that answers on several interfaces says which one only through its routable answers
     # (link-local ones, as mDNS adds, are on every interface); if those still disagree, it tells nothing.
-    routable = {i for a, i, _ in answers if i and not _link_local(a)}
+    routable = {i for a, i, _d in answers if i and not _link_local(a)}
     chosen = routable or {i for _a, i, _d in answers if i}
     out = []
     for _address, iface, detail in answers:

@@ -88,7 +88,7 @@ def dot(
         lines.append(f"  {_q(a['host'])} -- {_q(b['host'])} {_attrs(**attrs)}")
     gone_pairs = set()
     for cable in removed or []:
-        left, _, right = cable.partition(" <-> ")
+        left, _sep, right = cable.partition(" <-> ")
         gone_pairs.add(frozenset((left.rsplit(":", 1)[0], right.rsplit(":", 1)[0])))
     for pair in plan.get("missing_mesh") or []:
         if frozenset(pair) in gone_pairs:
@@ -98,7 +98,7 @@ def dot(
             + _attrs(style="dashed", color=MISSING, fontcolor=MISSING, label="no cable", constraint="false")
         )
     for cable in removed or []:
-        left, _, right = cable.partition(" <-> ")
+        left, _sep, right = cable.partition(" <-> ")
         ha, pa = left.rsplit(":", 1)
         hb, pb = right.rsplit(":", 1)
         if ha in plan["hosts"] and hb in plan["hosts"]:

@@ -107,6 +107,11 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _drop_prefix(text: str, prefix: str) -> str:
+    """``str.removeprefix`` (Python 3.9+) for the hosts' Pythons (3.8 and later)."""
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
 def _state_name(text: str | None) -> str:
     """'4: ACTIVE' -> 'ACTIVE'; 'PORT_ACTIVE (4)' -> 'ACTIVE'."""
     if not text:
@@ -115,7 +120,7 @@ def _state_name(text: str | None) -> str:
     if ":" in text:
         text = text.split(":", 1)[1].strip()
     text = re.sub(r"\s*\(\d+\)$", "", text)
-    return text.removeprefix("PORT_")
+    return _drop_prefix(text, "PORT_")
 
 
 def _guess_link_layer(gids: list[Gid]) -> str:
@@ -265,7 +270,7 @@ def parse_ibv_devinfo(text: str) -> list[RdmaPort]:
             current.rate = f"{speed} ({width})" if width else speed
     for port in ports:
         if port.device.startswith("rdma_"):
-            port.netdev = port.device.removeprefix("rdma_")
+            port.netdev = _drop_prefix(port.device, "rdma_")
         if not port.link_layer:
             port.link_layer = "Thunderbolt" if port.device.startswith("rdma_en") else _guess_link_layer(port.gids)
     return ports

@@ -12,12 +12,24 @@ on macOS) and the identities it saw at the other end. Everything later
 from __future__ import annotations
 
 import ipaddress
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
 from ansible_collections.meshkit.cluster.plugins.module_utils.naming import natural_key
+
+# networkx is a requirement of the controller, where the plan is made (cabling_plan fails with
+# missing_required_lib() without it); importing this file must not need it.
+try:
+    import networkx as nx
+except ImportError:
+    nx = None
+    HAS_NETWORKX = False
+    NETWORKX_IMPORT_ERROR: str | None = traceback.format_exc()
+else:
+    HAS_NETWORKX = True
+    NETWORKX_IMPORT_ERROR = None
 
 BACKENDS = ("", "ring", "jaccl", "jaccl-ring")
 RDMA_BACKENDS = ("jaccl", "jaccl-ring")
@@ -483,8 +495,9 @@ def why_removed(removed: list[str], discovery: dict[str, list[dict[str, Any]]]) 
     for cable in removed:
         ends = [end.strip() for end in cable.split("<->")]
         said = []
-        for end, other in zip(ends, reversed(ends), strict=True):
-            host, _, port = end.partition(":")
+        for i, end in enumerate(ends):
+            other = ends[-1 - i]
+            host, _sep, port = end.partition(":")
             found = ports.get((host, port))
             if host not in discovery:
                 said.append(f"{end}: its host was not discovered")

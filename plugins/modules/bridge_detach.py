@@ -20,7 +20,7 @@ description:
   - On Linux the change is made at runtime with C(ip) and persisted through systemd-networkd or NetworkManager
     where the host runs one (O(persist)); the result's C(persistence) says which.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
   - meshkit.cluster.management

@@ -13,7 +13,7 @@ description:
     C(ping -b port)), all ports at once, and fails naming every dead cable by host, port and peer.
   - Read-only; runs in check mode too, where a cable not yet addressed is reported, not failed.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
@@ -67,9 +67,9 @@ dead_ends:
 """
 
 import platform
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import run_parallel
 
 
 def ping_argv(system: str, port: str, peer: str, count: int) -> list[str]:
@@ -90,14 +90,15 @@ def main() -> None:
     )
     p = module.params
     system = platform.system()
-    procs = []
-    for port in p["ports"]:
-        argv = ping_argv(system, port["port"], port["peer_address"], p["count"])
-        procs.append((port, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    # Every cable's ping at once: a dead cable costs its deadline (3 s), not one per cable.
+    runs = run_parallel(
+        module,
+        {i: ping_argv(system, port["port"], port["peer_address"], p["count"]) for i, port in enumerate(p["ports"])},
+        timeout=30,
+    )
     cables, dead, dead_ends = [], [], []
-    for port, proc in procs:
-        _out, _ = proc.communicate(timeout=30)
-        alive = proc.returncode == 0
+    for i, port in enumerate(p["ports"]):
+        alive = runs[i][0] == 0
         cables.append(
             {
                 "port": port["port"],

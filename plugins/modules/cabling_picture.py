@@ -16,7 +16,7 @@ description:
   - Idempotent - renders again only when the DOT text changes or an output is missing. Without GraphViz it
     writes the DOT file and warns.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
@@ -128,8 +128,9 @@ def main() -> None:
             "GraphViz 'dot' not found: wrote the DOT file only (apt-get install graphviz / brew install graphviz)"
         )
         module.exit_json(changed=True, files=[dot_path], dot=text)
-    for fmt, out in zip(p["formats"], outputs, strict=True):
-        rc, _, err = module.run_command([dot_bin, f"-T{fmt}", "-o", out + ".tmp", dot_path])
+    for fmt in p["formats"]:
+        out = f"{base}.{fmt}"
+        rc, _out, err = module.run_command([dot_bin, f"-T{fmt}", "-o", out + ".tmp", dot_path])
         if rc != 0:
             module.fail_json(msg=f"dot -T{fmt} failed (rc={rc}): {err.strip()}", dot=text)
         os.replace(out + ".tmp", out)

@@ -24,7 +24,7 @@ description:
   - macOS - C(system_profiler SPThunderboltDataType -json) and C(networksetup -listallhardwareports) -
     port identity by domain UUID, peers found at any depth (behind hubs), receptacle to C(enX), link speed.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
   - meshkit.cluster.management
@@ -72,7 +72,6 @@ management_interface:
 
 import platform
 import re
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -80,6 +79,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, 
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
     MANAGEMENT_ARGS,
     find_management_interface,
+    run_parallel,
     runner,
 )
 
@@ -87,24 +87,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
 REPLY = re.compile(r"\bfrom (fe80:[0-9a-fA-F:]+)%([^:\s]+):")
 
 
-def _pings(argvs: dict[str, list[str]], seconds: int) -> dict[str, subprocess.CompletedProcess[str]]:
-    """Run the pings at once; each one's output, by key."""
-    procs = {
-        key: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-        for key, argv in argvs.items()
-    }
-    done = {}
-    for key, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=seconds + 5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        done[key] = subprocess.CompletedProcess(argvs[key], proc.returncode, out, err)
-    return done
-
-
-def probe_linux(ports: list[str], seconds: int) -> dict[str, str]:
+def probe_linux(module, ports: list[str], seconds: int) -> dict[str, str]:
     """Find who answers on every port (all at once), then resolve each answerer's MAC ourselves.
 
     First an IPv6 all-nodes ping bound to the port: its replies name the link-local address at the
@@ -118,27 +101,30 @@ def probe_linux(ports: list[str], seconds: int) -> dict[str, str]:
     errors: dict[str, str] = {}
     answering: dict[str, set[str]] = {port: set() for port in ports}
     silent = list(ports)
-    for _ in range(2):
-        runs = _pings(
+    for _round in range(2):
+        # Each ping at once (a killed one, past its own deadline, reads as not sent).
+        runs = run_parallel(
+            module,
             {port: ["ping", "-6", "-n", "-L", "-c", "1", "-w", str(seconds), "-I", port, "ff02::1"] for port in silent},
-            seconds,
+            timeout=seconds + 5,
         )
-        for port, run in runs.items():
-            for address, dev in REPLY.findall(run.stdout):
+        for port, (rc, out, err) in runs.items():
+            for address, dev in REPLY.findall(out):
                 if dev == port:
                     answering[port].add(address)
-            if run.returncode not in (0, 1):  # 1: sent, nothing came back; 2 and more: not sent
-                errors[port] = (run.stderr.strip().splitlines() or [f"ping exit {run.returncode}"])[-1]
+            if rc not in (0, 1):  # 1: sent, nothing came back; 2 and more: not sent
+                errors[port] = (err.strip().splitlines() or [f"ping exit {rc}"])[-1]
         silent = [port for port in silent if not answering[port] and port not in errors]
         if not silent:
             break
-    _pings(
+    run_parallel(
+        module,
         {
             f"{address}%{port}": ["ping", "-6", "-n", "-c", "1", "-w", str(seconds), f"{address}%{port}"]
             for port, addresses in answering.items()
             for address in sorted(addresses)
         },
-        seconds,
+        timeout=seconds + 5,
     )
     return errors
 
@@ -174,7 +160,7 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
         # (nor is its probe's failure news: it has no cable).
         carrier = [p["ifname"] for p in probe if "LOWER_UP" in p.get("flags", [])]
         wait_for_link_local(run, carrier, 10)
-        errors = probe_linux(carrier, params["probe_seconds"])
+        errors = probe_linux(module, carrier, params["probe_seconds"])
     for port, why in sorted(errors.items()):
         module.warn(f"{port}: the probe could not run ({why}); what is cabled to it is not known")
     neigh = linux_net.neighbours(run)

@@ -15,7 +15,7 @@ description:
     closest known one, and checks that cluster-wide variables agree between hosts.
   - Fails listing every problem with the hosts it concerns and what to do.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:

@@ -32,7 +32,7 @@ description:
     recover from fails the job within 5 s.
   - C(MESHCCL_TOKEN), a fresh random job token, is given to meshccl ranks and written nowhere.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:

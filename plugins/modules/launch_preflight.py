@@ -17,7 +17,7 @@ description:
     holds it, where C(ss) can tell) or an address the host does not have.
   - Read-only; runs in check mode too.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:

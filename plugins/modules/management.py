@@ -23,7 +23,7 @@ description:
   - The action plugin of the same name fills O(controller_addresses) with the controller's source address toward
     the host, so playbooks do not pass it.
 version_added: 0.2.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
@@ -91,6 +91,7 @@ platform:
 """
 
 import contextlib
+import functools
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
@@ -104,13 +105,13 @@ def establish(params: dict, run, system: str, resolve: mg.Resolve, environ: dict
     host = params.get("host") or params.get("address") or "this host"
     if system == "Darwin":
         net = mg.darwin_hostnet(run)
-        route = lambda a: mg.darwin_route_interface(run, a)  # noqa: E731
+        route = functools.partial(mg.darwin_route_interface, run)
         rc, out, _err = run(list(macos.HARDWARE_PORTS))
         hardware = macos.parse_hardware_ports(out) if rc == 0 else {}
         peers = [dev for name, dev in hardware.items() if name.startswith("Thunderbolt ") and name[-1:].isdigit()]
     else:
         net = mg.linux_hostnet(run)
-        route = lambda a: mg.linux_route_interface(run, a)  # noqa: E731
+        route = functools.partial(mg.linux_route_interface, run)
         peers = list(params.get("peer_ports") or [])
     found = mg.findings(
         params.get("address"), params.get("controller_addresses") or [], net, route, resolve, environ, peers
@@ -151,7 +152,7 @@ def establish(params: dict, run, system: str, resolve: mg.Resolve, environ: dict
                 # Answers on peer ports are cable addresses meshkit itself gave (mDNS names them too).
                 addresses["ansible_host"] = [
                     a
-                    for a, _ in resolve(params["address"])
+                    for a, _scope in resolve(params["address"])
                     if not any(mg.matches(h, peers) for h in net.holders(a)) or not peers
                 ]
         conflicts = mg.pool_conflicts(params["pool"], net, peers, mgmt, addresses)

@@ -16,7 +16,7 @@ description:
     O(wheelhouse) with pip (C(--no-index), nothing fetched), checks C(import meshccl) and records the build id.
     The copied wheelhouse is removed afterwards.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:

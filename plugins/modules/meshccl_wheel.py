@@ -16,9 +16,9 @@ description:
     pip itself, so hosts install with C(--no-index) and need no package index.
   - The wheel is for this Python and platform; hosts must run the same Python version (the host side checks).
   - Older wheelhouses in O(dest) are removed, the previous one kept.
-  - Run it on the controller (C(delegate_to: localhost), C(run_once)).
+  - "Run it on the controller (C(delegate_to: localhost), C(run_once))."
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
@@ -112,7 +112,7 @@ def prune(dest: str, keep: str) -> None:
         full = os.path.join(dest, name)
         if name != keep and os.path.isdir(full) and os.path.isfile(os.path.join(full, MARK)):
             others.append((os.path.getmtime(full), full))
-    for _, full in sorted(others)[:-1]:
+    for _mtime, full in sorted(others)[:-1]:
         shutil.rmtree(full, ignore_errors=True)
 
 

@@ -18,7 +18,7 @@ description:
     out of that port (C(route add -host)) is runtime only; C(notes) says so whenever one is added.
   - Never touches the management interface.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
   - meshkit.cluster.management

@@ -19,7 +19,7 @@ description:
     IPv4 GID yet.
   - With O(require), fails naming every cabled port that cannot carry RDMA and the runbook that fixes it.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
@@ -110,7 +110,7 @@ def darwin_facts(module: AnsibleModule, run) -> dict:
             return rdma.host_facts("Darwin", [], p["ports"], tool_missing=p[key], generations=p["generations"])
     rc, out, err = run([tools["rdma_ctl"], "status"])
     enabled = rdma.parse_rdma_ctl(out + err)
-    rc, out, _ = run([tools["ibv_devices"]])
+    rc, out, _err = run([tools["ibv_devices"]])
     devices = rdma.parse_ibv_devices(out) if rc == 0 else []
     ports = []
     if devices:

@@ -153,7 +153,7 @@ class Case:
 def timed(case: Case, in_place: bool, iters: int, comm: meshccl.Communicator) -> float:
     comm.barrier()
     t0 = time.perf_counter()
-    for _ in range(iters):
+    for _iteration in range(iters):
         case.run(in_place)
     elapsed = (time.perf_counter() - t0) / iters
     avg = comm.all_reduce(np.array([elapsed], np.float64))
@@ -162,7 +162,7 @@ def timed(case: Case, in_place: bool, iters: int, comm: meshccl.Communicator) ->
 
 def checked(case: Case, in_place: bool, iters: int, comm: meshccl.Communicator) -> int:
     bad = 0
-    for _ in range(iters):
+    for _iteration in range(iters):
         case.fill(in_place)
         case.run(in_place)
         bad += case.wrong(in_place)
@@ -197,7 +197,7 @@ def bench(args: argparse.Namespace) -> int:
     cases = [Case(comm, coll, s, args.datatype, args.op, args.root) for s in sizes(args)]
     for case in cases:  # warm-up over all sizes, as nccl-tests does
         case.fill(False)
-        for _ in range(args.warmup_iters):
+        for _iteration in range(args.warmup_iters):
             case.run(False)
     for case in cases:
         row: dict[str, Any] = {
@@ -265,7 +265,7 @@ def local(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="meshccl-bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="meshccl-bench", description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("collective", nargs="?", default="all_reduce", choices=COLLECTIVES)
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"), help="smallest size (K/M/G suffixes)")
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"), help="largest size")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """PID 1 of one lab host: its boot and its init.
