@@ -74,7 +74,7 @@ def mlx_hostfile(plan: dict[str, Any], ssh: dict[str, str], envs: list[str] | No
                     row.append(None)
                     continue
                 neighbour = abs(i - j) in (1, len(order) - 1)
-                devices = [mine.get("rdma") for mine, _ in links(plan, host, other) if mine.get("rdma")]
+                devices = [mine.get("rdma") for mine, _theirs in links(plan, host, other) if mine.get("rdma")]
                 if not devices or (backend == "jaccl-ring" and not neighbour):
                     row.append(None)
                 else:
@@ -82,7 +82,7 @@ def mlx_hostfile(plan: dict[str, Any], ssh: dict[str, str], envs: list[str] | No
             entry["rdma"] = row
         else:
             left = order[i - 1]
-            entry["ips"] = [mine["address"] for mine, _ in links(plan, host, left)][:parallel]
+            entry["ips"] = [mine["address"] for mine, _theirs in links(plan, host, left)][:parallel]
         hosts.append(entry)
     return {"backend": backend or "ring", "envs": list(envs or []), "hosts": hosts}
 
@@ -94,7 +94,7 @@ def mlx_ring_runtime(hostfile: dict[str, Any], starting_port: int = 32323, conne
     for host in hostfile["hosts"]:
         row = []
         for ip in host["ips"]:
-            for _ in range(connections_per_ip):
+            for _connection in range(connections_per_ip):
                 row.append(f"{ip}:{port}")
                 port += 1
         out.append(row)

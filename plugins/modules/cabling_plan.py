@@ -17,7 +17,9 @@ description:
     plan keep their networks - and records the plan in O(record). A cabling change against that record is
     reported.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
+requirements:
+  - networkx (on the controller, where it runs)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
@@ -87,8 +89,10 @@ unprobed:
 import json
 import os
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
+    HAS_NETWORKX,
+    NETWORKX_IMPORT_ERROR,
     Observation,
     TopologyError,
     build_plan,
@@ -109,6 +113,8 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    if not HAS_NETWORKX:
+        module.fail_json(msg=missing_required_lib("networkx"), exception=NETWORKX_IMPORT_ERROR)
     p = module.params
     observations = []
     unprobed = []

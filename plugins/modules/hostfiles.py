@@ -19,7 +19,7 @@ description:
     edited by hand, is reported as stale (RV(stale)) and rewritten; with O(state=verify) nothing is written
     and a stale or missing set fails.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:

@@ -17,7 +17,7 @@ description:
     C(MASTER_ADDR), C(MASTER_PORT), the NCCL variables from the RDMA facts, C(GLOO_SOCKET_IFNAME)) - plus the
     user's own variables, and lists the files each host needs and the ports that must be free.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
