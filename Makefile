@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # installed in ~/.ansible by some other run must never shadow the code being tested.
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
 
-.PHONY: all demo demo-down test lint unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize bench bench-deps
+.PHONY: all demo demo-down test lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize bench bench-deps
 
 # meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
 # under AddressSanitizer + UndefinedBehaviorSanitizer, each built in its own directory.
@@ -39,7 +39,12 @@ $(VENV)/.meshccl: $(VENV)/.installed $(MESHCCL_SRC)
 	$(BIN)/python -c "import meshccl"
 	@touch $@
 
-venv: deps $(VENV)/.installed $(VENV)/.meshccl
+# The controller package (the `meshkit` command), editable: it runs this checkout's code and collection.
+$(VENV)/.meshkit: $(VENV)/.installed pyproject.toml hatch_build.py
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+venv: deps $(VENV)/.installed $(VENV)/.meshccl $(VENV)/.meshkit
 
 meshccl: venv
 
@@ -69,12 +74,14 @@ demo: venv
 	time ansible-playbook -i inventory/lab.yml launch.yml \
 		-e '{"launch_program": "meshccl-bench all_reduce $(DEMO_BENCH)", "launch_timeout": 300}'
 	@echo "The cabling picture: $(CURDIR)/artifacts/lab-lab/cabling.png (and .svg, .dot); the job's logs: $(CURDIR)/artifacts/lab-lab/launch/"
-	@echo "The lab stays up: ssh via 'ansible -i inventory/lab.yml ...', jobs via 'bin/meshkit launch -i inventory/lab.yml -- ...'; remove it with 'make demo-down'."
+	@echo "The lab stays up: ssh via 'ansible -i inventory/lab.yml ...', jobs via 'meshkit launch -i inventory/lab.yml -- ...' (.venv/bin/meshkit); remove it with 'make demo-down'."
 
 demo-down: venv
 	ansible-playbook playbooks/lab.yml -e lab_state=absent
 
 lint: venv
+	@# A copy of this collection that molecule or ansible-lint installed under ANSIBLE_HOME would shadow the checkout.
+	rm -rf $(ANSIBLE_HOME)/collections/ansible_collections/meshkit
 	ruff check .
 	ruff format --check .
 	ansible-lint
@@ -87,8 +94,12 @@ integration: venv
 
 ## Lint, meshccl's C++ suites (plain, then sanitized), then every Python test (unit, meshccl
 ## jobs, lab integration) in one pytest run.
-test: lint meshccl-cpp meshccl-sanitize
+test: lint sanity meshccl-cpp meshccl-sanitize
 	pytest tests
+
+## Ansible's own checks on the collection as ansible-galaxy builds it (scripts/ansible-sanity).
+sanity: venv
+	bash scripts/ansible-sanity
 
 ## Side-by-side all-reduce on this machine (bench/README.md): meshccl, Gloo, MLX, Open MPI (shared
 ## memory and TCP) at 2 and 4 ranks, plus the loopback TCP ceiling; bench/results/loopback.{md,json,png}.
@@ -107,4 +118,4 @@ bench: bench-deps
 	$(BIN)/python bench/allreduce.py loopback $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .cache/meshccl .cache/meshccl-wheels collective/build
+	rm -rf $(VENV) .pytest_cache .ruff_cache .cache/meshccl collective/build "$${XDG_CACHE_HOME:-$$HOME/.cache}/meshkit/meshccl-wheels"

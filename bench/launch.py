@@ -10,7 +10,7 @@ variant runs --rounds times, interleaved; the table gives the median, min and ma
   .venv/bin/python bench/launch.py -i inventory/lab.yml -r 7 -n 2
 
 Variants:
-  meshkit launch      bin/meshkit launch -r plain, as run again and again: it plans from what its
+  meshkit launch      meshkit launch -r plain, as run again and again: it plans from what its
                       last full check remembered and every host checks, in one round trip, that
                       it still holds (cables, hostfiles, preflight); then the launcher. Primed by
                       one run before the rounds, in a cache of the benchmark's own.
@@ -42,10 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / ".collections"))
+from meshkit import launch_connection
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_connection  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PROGRAM = ["sh", "-c", 'echo "MKSTART $(date +%s.%N)"; sleep 1']
 STARTED = re.compile(r"MKSTART (\d+\.\d+)")
@@ -126,7 +125,7 @@ def main() -> int:
     mpirun = ["mpirun", *root, "-np", str(world), "-bind-to", "none", "-map-by", "slot"]
 
     meshkit = [
-        str(REPO / "bin" / "meshkit"),
+        str(Path(sys.executable).with_name("meshkit")),
         "launch",
         "-i",
         args.inventory,

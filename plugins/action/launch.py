@@ -8,19 +8,49 @@ import json
 import secrets
 from pathlib import Path
 
+from ansible import constants
+from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
+from ansible.plugins.loader import connection_loader
 from ansible.utils.display import Display
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import (
-    DEFAULT_HOST_TIMEOUT,
-    ConnectionError_,
-    connection_for,
-)
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_fast import context_of
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_mpi import Lines, MpiError, explain, hosts_for
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import preflight_problems
-from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher, Terminal
+
+try:  # the controller package (pip install meshkit); the collection's hosts never need it
+    from meshkit.launch_connection import (
+        DEFAULT_HOST_TIMEOUT,
+        ConnectionError_,
+        connection_for,
+    )
+    from meshkit.launch_fast import context_of
+    from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
+    from meshkit.launch_plan import preflight_problems
+    from meshkit.launcher import Launcher, Terminal
+except ImportError as exc:
+    MESHKIT_IMPORT_ERROR: ImportError | None = exc
+    DEFAULT_HOST_TIMEOUT = 20.0
+else:
+    MESHKIT_IMPORT_ERROR = None
 
 display = Display()
+
+# Ansible's ssh connection options the launcher's own ssh command line takes over.
+SSH_OPTIONS = (
+    "host",
+    "port",
+    "remote_user",
+    "private_key_file",
+    "ssh_args",
+    "ssh_common_args",
+    "ssh_extra_args",
+    "host_key_checking",
+    "control_path_dir",
+)
+
+
+def missing_controller_package() -> AnsibleError:
+    return AnsibleError(
+        "meshkit.cluster's launch runs on the controller with the meshkit Python package, which this "
+        f"Python cannot import ({MESHKIT_IMPORT_ERROR}); install it where ansible-playbook runs: pip install meshkit"
+    )
 
 
 class ActionModule(ActionBase):
@@ -49,7 +79,35 @@ class ActionModule(ActionBase):
             )
         return seconds
 
+    def _ssh_options(self, hv) -> dict:
+        """A host's ssh connection options as Ansible itself resolves them for the ssh plugin:
+        ansible.cfg, ANSIBLE_* environment variables, then the host's variables."""
+        plugin = connection_loader.get("ansible.builtin.ssh", self._play_context)
+        variables = {}
+        for name in constants.config.get_plugin_vars("connection", "ssh"):
+            if name in hv:
+                variables[name] = self._templar.template(hv[name])
+        plugin.set_options(var_options=variables)
+        return {name: plugin.get_option(name) for name in SSH_OPTIONS}
+
+    def _become(self, hv) -> dict | None:
+        """Become as this task would for the host (play, ansible.cfg, -b, the host's ansible_become*)."""
+        pc = self._play_context
+        on = self._templar.template(hv["ansible_become"]) if "ansible_become" in hv else pc.become
+        if not on or str(on).lower() in ("false", "no", "0"):
+            return None
+        method = self._templar.template(hv.get("ansible_become_method") or pc.become_method or "sudo")
+        user = self._templar.template(hv.get("ansible_become_user") or pc.become_user or "root")
+        return {"method": str(method).rsplit(".", 1)[-1], "user": user}
+
+    def _launch_connection(self, host: str, hv) -> dict:
+        kind = self._templar.template(hv.get("ansible_connection") or "ssh")
+        ssh = self._ssh_options(hv) if kind in ("ssh", "ansible.builtin.ssh", "smart", "ansible.legacy.ssh") else None
+        return connection_for(host, hv, self._templar, ssh=ssh, become=self._become(hv))
+
     def run(self, tmp=None, task_vars=None):
+        if MESHKIT_IMPORT_ERROR is not None:
+            raise missing_controller_package()
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = self._task.args
@@ -69,7 +127,7 @@ class ActionModule(ActionBase):
             return result
         try:
             connections = {
-                host: connection_for(host, task_vars["hostvars"][host], self._templar)
+                host: self._launch_connection(host, task_vars["hostvars"][host])
                 for host in dict.fromkeys(r["host"] for r in job["ranks"])
             }
         except ConnectionError_ as exc:

@@ -5,15 +5,21 @@
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import (
-    INPUTS,
-    LaunchError,
-    describe,
-    make_job,
-    record_job,
-    stale_hosts,
-    validate,
-)
+
+try:  # the controller package (pip install meshkit)
+    from meshkit.launch_plan import (
+        INPUTS,
+        LaunchError,
+        describe,
+        make_job,
+        record_job,
+        stale_hosts,
+        validate,
+    )
+except ImportError as exc:
+    MESHKIT_IMPORT_ERROR: ImportError | None = exc
+else:
+    MESHKIT_IMPORT_ERROR = None
 
 
 class ActionModule(ActionBase):
@@ -21,20 +27,16 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
+        if MESHKIT_IMPORT_ERROR is not None:
+            from ansible_collections.meshkit.cluster.plugins.action.launch import missing_controller_package
+
+            raise missing_controller_package()
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         result["changed"] = False
         try:
             settings = validate(dict(args.get("settings") or {}))
-            changes = args.get("changes") or {}
-            if changes.get("added") or changes.get("removed"):
-                raise LaunchError(
-                    "the cabling changed since setup.yml planned it (added: "
-                    f"{', '.join(changes.get('added') or []) or 'none'}; removed: "
-                    f"{', '.join(changes.get('removed') or []) or 'none'}); run setup.yml, then launch again"
-                    + "".join(f"\n  - {line}" for line in changes.get("why_removed") or [])
-                )
             if args.get("manifests") is not None:
                 stale = stale_hosts(args["plan"], dict(args["manifests"]), args["state_dir"])
                 if stale:

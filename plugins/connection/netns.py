@@ -52,7 +52,17 @@ from ansible.errors import AnsibleConnectionFailure, AnsibleError, AnsibleFileNo
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import ConnectionError_, lab_holder
+
+try:  # the controller package (pip install meshkit), which builds the lab
+    from meshkit.launch_connection import ConnectionError_, lab_holder
+except ImportError as exc:
+    MESHKIT_IMPORT_ERROR: ImportError | None = exc
+
+    class ConnectionError_(Exception):
+        pass
+
+else:
+    MESHKIT_IMPORT_ERROR = None
 
 display = Display()
 
@@ -75,6 +85,11 @@ class Connection(ConnectionBase):
             return self
         netns = self.get_option("netns")
         try:
+            if MESHKIT_IMPORT_ERROR is not None:
+                raise AnsibleError(
+                    "the lab's connection needs the meshkit Python package "
+                    f"({MESHKIT_IMPORT_ERROR}): pip install meshkit"
+                )
             _name, self._pid = lab_holder(self.get_option("lab_dir"), netns)
         except ConnectionError_ as exc:
             raise AnsibleConnectionFailure(f"{self._play_context.remote_addr}: {exc}") from exc

@@ -23,16 +23,17 @@ import json
 import shlex
 from typing import Any
 
+from ansible_collections.meshkit.cluster.plugins.module_utils import plan_contract
+
 MESHCCL_FORMAT = "meshccl-hostfile"
 MESHCCL_VERSION = 1
 MANIFEST_FORMAT = "meshkit-hostfiles"
 
 
 def fingerprint(plan: dict[str, Any]) -> str:
-    """SHA-256 of the cabling: hosts, and every cable's two ends with its network."""
-    cables = sorted([f"{e['host']}:{e['port']}" for e in c["ends"]] + [c["network"]] for c in plan.get("cables", []))
-    text = json.dumps({"hosts": sorted(plan.get("hosts", [])), "cables": cables}, sort_keys=True)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    """The plan's fingerprint (plan_contract's, over everything a hostfile depends on, the backend
+    included): every hostfile and the manifest carry it."""
+    return plan_contract.fingerprint(plan)
 
 
 def ring_order(plan: dict[str, Any]) -> list[str]:
@@ -87,17 +88,22 @@ def mlx_hostfile(plan: dict[str, Any], ssh: dict[str, str], envs: list[str] | No
     return {"backend": backend or "ring", "envs": list(envs or []), "hosts": hosts}
 
 
-def mlx_ring_runtime(hostfile: dict[str, Any], starting_port: int = 32323, connections_per_ip: int = 1) -> list:
-    """The ``MLX_HOSTFILE`` runtime ring file, numbered as mlx.launch numbers it."""
+def mlx_ring_runtime(
+    hostfile: dict[str, Any], starting_port: int = 32323, connections_per_ip: int = 1, ranks_per_host: int = 1
+) -> list:
+    """The ``MLX_HOSTFILE`` runtime ring file, numbered as mlx.launch numbers it. With several ranks
+    per host, a host's first rank listens on its cable addresses facing the previous host (as
+    mlx.launch does) and the others on loopback, where the rank before them (same host) connects."""
     port = starting_port
     out = []
     for host in hostfile["hosts"]:
-        row = []
-        for ip in host["ips"]:
-            for _connection in range(connections_per_ip):
-                row.append(f"{ip}:{port}")
-                port += 1
-        out.append(row)
+        for local in range(ranks_per_host):
+            row = []
+            for ip in host["ips"] if local == 0 else ["127.0.0.1"]:
+                for _connection in range(connections_per_ip):
+                    row.append(f"{ip}:{port}")
+                    port += 1
+            out.append(row)
     return out
 
 
@@ -116,16 +122,18 @@ def mpi_hostfile(plan: dict[str, Any], ssh: dict[str, str], ranks_per_host: int,
     return "\n".join(lines) + "\n"
 
 
-def torch_env(
+def torch_vars(
     plan: dict[str, Any],
     host: str,
     ssh: dict[str, str],
     ranks_per_host: int,
     master_port: int,
     nccl: dict[str, str],
-    fp: str,
-) -> str:
-    """torchrun + NCCL variables for one host, as a shell/systemd EnvironmentFile."""
+    gloo_ifname: str | None = None,
+    local_rank: int | None = None,
+) -> dict[str, str]:
+    """torchrun's variables for one host (``local_rank`` None), or for one of its ranks: the one
+    builder of torch.env and of a PyTorch launch's environment."""
     order = ring_order(plan)
     node_rank = order.index(host)
     env = {
@@ -136,13 +144,34 @@ def torch_env(
         "WORLD_SIZE": str(len(order) * ranks_per_host),
         "NNODES": str(len(order)),
         "NODE_RANK": str(node_rank),
+        "GROUP_RANK": str(node_rank),
         "NPROC_PER_NODE": str(ranks_per_host),
         "LOCAL_WORLD_SIZE": str(ranks_per_host),
     }
-    if ranks_per_host == 1:
-        env["RANK"] = str(node_rank)
-        env["LOCAL_RANK"] = "0"
+    if local_rank is not None or ranks_per_host == 1:
+        local = local_rank or 0
+        env["RANK"] = str(node_rank * ranks_per_host + local)
+        env["LOCAL_RANK"] = str(local)
     env.update(sorted(nccl.items()))
+    if gloo_ifname:
+        # Gloo gives every rank one address and connects every pair of ranks to it: on
+        # point-to-point cables only the management network reaches every host.
+        env["GLOO_SOCKET_IFNAME"] = gloo_ifname
+    return env
+
+
+def torch_env(
+    plan: dict[str, Any],
+    host: str,
+    ssh: dict[str, str],
+    ranks_per_host: int,
+    master_port: int,
+    nccl: dict[str, str],
+    fp: str,
+    gloo_ifname: str | None = None,
+) -> str:
+    """torchrun + NCCL variables for one host, as a shell/systemd EnvironmentFile."""
+    env = torch_vars(plan, host, ssh, ranks_per_host, master_port, nccl, gloo_ifname)
     lines = [
         f"# torchrun / NCCL environment of {host}, rank order = ring order; cabling {fp}",
         "# Use: set -a; . ./torch.env; set +a   (or systemd EnvironmentFile=)",
@@ -222,6 +251,7 @@ def render(
     mlx_starting_port: int = 32323,
     envs: list[str] | None = None,
     host: str | None = None,
+    gloo: dict[str, str] | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(files, skipped): relative path -> content, and format -> why it was not written.
 
@@ -244,13 +274,14 @@ def render(
     targets = [host] if host else ring_order(plan)
     for h in targets:
         name = "torch.env" if host else f"torch/{h}.env"
-        files[name] = torch_env(plan, h, ssh, ranks_per_host, master_port, nccl.get(h, {}), fp)
+        files[name] = torch_env(plan, h, ssh, ranks_per_host, master_port, nccl.get(h, {}), fp, (gloo or {}).get(h))
     files["meshccl.json"] = dumps(meshccl_hostfile(plan, ssh, ranks_per_host, meshccl_port, cluster, fp))
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": 1,
         "cluster": cluster,
         "fingerprint": fp,
+        "backend": plan.get("backend") or "",
         "files": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sorted(files.items())},
     }
     files["manifest.json"] = dumps(manifest)

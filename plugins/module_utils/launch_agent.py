@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The per-host supervisor of a launch: starts this host's ranks and stops them all on command.
 
-The controller (module_utils/launcher.py) runs it on every host over the host's connection
+The controller (the meshkit package's launcher.py) runs it on every host over the host's connection
 (ssh, or nsenter on the lab) and talks to it through the connection's stdin and stdout, one
 JSON object per line. Standard library only: it runs under whatever Python the host has; the
 controller sends its source over the connection, so hosts need no copy of meshkit.

@@ -90,6 +90,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.meshkit.cluster.plugins.module_utils.plan_contract import seal
 from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
     HAS_NETWORKX,
     NETWORKX_IMPORT_ERROR,
@@ -147,7 +148,7 @@ def main() -> None:
         plan = build_plan(list(p["discovery"]), observations, p["pool"], backend, rdma, previous)
     except TopologyError as exc:
         module.fail_json(msg=str(exc), unprobed=unprobed)
-    data = plan.as_dict()
+    data = seal(plan.as_dict(), p["discovery"])
     changes = cabling_changes(previous, plan)
     changes["why_removed"] = why_removed(changes["removed"], p["discovery"])
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"

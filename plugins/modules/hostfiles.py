@@ -47,6 +47,12 @@ options:
     description: Per host, the NCCL variables of its RDMA facts (C(meshkit_rdma.nccl_env)).
     type: dict
     default: {}
+  gloo:
+    description:
+      - Per host, its management interface, written as C(GLOO_SOCKET_IFNAME) into its C(torch.env) (Gloo connects
+        every pair of ranks on one interface; point-to-point cables reach only their peer).
+    type: dict
+    default: {}
   cluster:
     description: Cluster name recorded in the files.
     type: str
@@ -140,6 +146,7 @@ def main() -> None:
             "host": {"type": "str"},
             "ssh": {"type": "dict", "default": {}},
             "nccl": {"type": "dict", "default": {}},
+            "gloo": {"type": "dict", "default": {}},
             "cluster": {"type": "str", "required": True},
             "ranks_per_host": {"type": "int", "default": 1},
             "master_port": {"type": "int", "default": 29500},
@@ -166,6 +173,7 @@ def main() -> None:
         p["mlx_starting_port"],
         p["envs"],
         p["host"],
+        {k: str(v) for k, v in p["gloo"].items() if v},
     )
     fp = hostfiles.fingerprint(p["plan"])
     dest = p["dest"]

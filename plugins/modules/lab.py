@@ -189,9 +189,9 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 try:
-    from ansible_collections.meshkit.cluster.plugins.module_utils.lab_netns import Lab, LabError
-    from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import LabSpecError, plan, validate
-except ImportError as exc:  # cerberus is missing from this interpreter
+    from meshkit.lab_netns import Lab, LabError
+    from meshkit.lab_spec import LabSpecError, plan, validate
+except ImportError as exc:  # the meshkit package (or its cerberus) is missing from this interpreter
     IMPORT_ERROR: Exception | None = exc
 else:
     IMPORT_ERROR = None
@@ -233,7 +233,10 @@ def main() -> None:
         supports_check_mode=True,
     )
     if IMPORT_ERROR is not None:
-        module.fail_json(msg=f"meshkit.cluster.lab needs cerberus on the controller: {IMPORT_ERROR}")
+        module.fail_json(
+            msg=f"meshkit.cluster.lab runs with the meshkit Python package on the controller ({IMPORT_ERROR}): "
+            "pip install meshkit"
+        )
     p = module.params
     try:
         doc = validate(

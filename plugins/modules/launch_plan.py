@@ -70,13 +70,10 @@ options:
     type: str
   manifests:
     description: Per host, the text of its C(<state_dir>/hostfiles/manifest.json) (empty when missing); a host whose
-      set was made from another cabling than O(plan) fails the launch (run setup.yml).
+      set was made from another plan than O(plan) (another cabling or backend) fails the launch (run setup.yml).
     type: dict
   torch_env:
     description: Per host, the text of its C(torch.env); its C(NCCL_*) variables go to PyTorch ranks.
-    type: dict
-  changes:
-    description: M(meshkit.cluster.cabling_plan)'s C(changes) against the recorded plan; any fails the launch.
     type: dict
   dest:
     description: Where the job's directory (C(job.json), the logs) is made on the controller.

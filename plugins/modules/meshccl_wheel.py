@@ -46,8 +46,8 @@ options:
 EXAMPLES = r"""
 - name: Build the wheelhouse
   meshkit.cluster.meshccl_wheel:
-    source: "{{ playbook_dir }}/collective"
-    dest: "{{ playbook_dir }}/.cache/meshccl-wheels"
+    source: "{{ role_path }}/../../collective"
+    dest: "{{ lookup('ansible.builtin.env', 'HOME') }}/.cache/meshkit/meshccl-wheels"
   run_once: true
   delegate_to: localhost
   register: meshccl_wheelhouse

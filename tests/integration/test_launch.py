@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_fast
-from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import HOST_MGMT_PORT
+import yaml
+
+from meshkit import launch_fast
+from meshkit.lab_spec import HOST_MGMT_PORT
 
 from .conftest import ENV, REPO, LabHandle, drop_lab, ip_json, new_lab, run_playbook, sh
 
 PROGRAMS = Path(__file__).parent / "programs"
 PYTHON = str(REPO / ".venv" / "bin" / "python")
-MESHKIT = str(REPO / "bin" / "meshkit")
+MESHKIT = str(REPO / ".venv" / "bin" / "meshkit")  # make venv installs the package (editable)
 VENV = "/var/lib/meshkit/meshccl"  # each lab host's own meshccl (its /var/lib/meshkit is its own)
 
 
@@ -583,7 +585,8 @@ def test_meshkit_launch_remembers_the_checked_plan_and_rechecks_on_the_hosts(lab
         assert down.returncode == 2, down.stdout + down.stderr
         assert f"node3:{link['port']} is down" in down.stderr, down.stderr
         assert "running every check (launch.yml)" in down.stderr
-        assert "the cabling changed since setup.yml planned it" in down.stderr, down.stderr
+        assert "the cabling differs from the plan setup.yml made" in down.stderr, down.stderr
+        assert f"{link['port']} is down" in down.stderr, down.stderr
         assert "[0|" not in down.stdout  # nothing started
     finally:
         sh(*node3, "ip", "link", "set", link["port"], "up")
@@ -862,3 +865,110 @@ def test_ranks_run_as_the_login_user_in_a_job_directory_of_its_own(lab):
     finally:
         fixed = handle.ansible("-b", "-m", "ansible.builtin.file", "-a", f"path={jobs} state=directory mode=01777")
         assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+# ---- the collection and the controller package as users install them ----------------------------
+
+
+def installed_env(tmp: Path, collections: Path) -> dict[str, str]:
+    """Ansible configured like the checkout (ansible.cfg's settings) but finding meshkit.cluster only
+    in ``collections``: not the checkout's .collections, and not on sys.path either."""
+    cfg = (
+        (REPO / "ansible.cfg")
+        .read_text()
+        .replace("collections_path = .collections", f"collections_path = {collections}")
+    )
+    cfg = cfg.replace("[defaults]\n", "[defaults]\ncollections_scan_sys_path = False\n", 1)
+    assert str(collections) in cfg
+    (tmp / "ansible.cfg").write_text(cfg)
+    return dict(ENV, ANSIBLE_CONFIG=str(tmp / "ansible.cfg"), ANSIBLE_HOME=str(tmp / "ansible-home"))
+
+
+def test_the_built_collection_installed_into_an_empty_directory_runs_setup(lab, tmp_path):
+    """ansible-galaxy collection build (galaxy.yml's build_ignore applies), installed into an empty
+    directory, then meshkit.cluster.setup from there against the lab: the cluster as converged stays so."""
+    handle, artifacts = lab
+    build = sh("ansible-galaxy", "collection", "build", "--output-path", str(tmp_path / "dist"), str(REPO))
+    [artifact] = (tmp_path / "dist").glob("meshkit-cluster-*.tar.gz")
+    names = subprocess.run(["tar", "-tzf", str(artifact)], capture_output=True, text=True, check=True).stdout.split()
+    assert "playbooks/setup.yml" in names and "plugins/modules/plan_verify.py" in names, build.stdout
+    leaked = [n for n in names if n.split("/")[0] in {".cache", ".venv", "artifacts", "tests", "bench", "meshkit"}]
+    assert not leaked and not [n for n in names if n.startswith("collective/build")], leaked
+    env = installed_env(tmp_path, tmp_path / "collections")
+    (tmp_path / "collections").mkdir()
+    installed = subprocess.run(
+        ["ansible-galaxy", "collection", "install", "-p", str(tmp_path / "collections"), str(artifact)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    run = subprocess.run(
+        ["ansible-playbook", "meshkit.cluster.setup", "-i", str(handle.inventory),
+         "-e", f"meshkit_artifacts_dir={artifacts}"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    # The installed copy ran (its own meshccl sources, its own roles), and changed nothing.
+    assert "ansible_collections/meshkit/cluster" in sh("ansible-galaxy", "collection", "list").stdout
+    recap = [line for line in out.splitlines() if re.match(r"^node\d\s+:", line)]
+    assert len(recap) == 4 and all("changed=0" in line and "failed=0" in line for line in recap), out
+
+
+def test_pip_install_of_the_checkout_gives_a_working_meshkit_command(lab, tmp_path):
+    """A regular (not editable) install of the controller package: its `meshkit` command launches on the
+    lab with the collection it carries, the checkout's nowhere on its paths."""
+    handle, artifacts = lab
+    site = tmp_path / "site"
+    pip = sh(PYTHON, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(REPO), check=False)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    assert (site / "ansible_collections" / "meshkit" / "cluster" / "playbooks" / "launch.yml").is_file()
+    assert (site / "ansible_collections" / "meshkit" / "cluster" / "collective" / "src").is_dir()
+    env = installed_env(tmp_path, site)
+    env["PYTHONPATH"] = str(site)
+    env["MESHKIT_LAUNCH_CACHE"] = str(tmp_path / "cache")
+    where = subprocess.run(
+        [PYTHON, "-c", "import meshkit.collection as c; print(c.collection_root())"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert where == str(site / "ansible_collections" / "meshkit" / "cluster")
+    run = subprocess.run(
+        [str(site / "bin" / "meshkit"), "launch", "-i", str(handle.inventory), "-r", "plain", "--no-stdin",
+         "-e", f"meshkit_artifacts_dir={artifacts}", "--",
+         "sh", "-c", 'echo "rank $MESHKIT_RANK of $MESHKIT_WORLD_SIZE"'],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False, stdin=subprocess.DEVNULL, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(line.split("] ", 1)[1] for line in run.stdout.splitlines() if "] rank " in line) == [
+        f"rank {r} of 4" for r in range(4)
+    ], run.stdout
+
+
+def test_meshkit_launch_reaches_hosts_with_ansible_cfg_settings_and_honours_become(lab, tmp_path):
+    """The login user, key and SSH options given only in ansible.cfg (not in the inventory) reach the
+    hosts as Ansible's own ssh connection would; with become on, the ranks run as the become user."""
+    handle, artifacts = lab
+    hosts = yaml.safe_load(handle.inventory.read_text())
+    given = hosts["all"]["vars"]
+    user, key, common = (
+        given.pop(k) for k in ("ansible_user", "ansible_ssh_private_key_file", "ansible_ssh_common_args")
+    )
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(hosts))
+    cfg = (REPO / "ansible.cfg").read_text()
+    cfg = cfg.replace("collections_path = .collections", f"collections_path = {REPO / '.collections'}")
+    cfg = cfg.replace("[defaults]\n", f"[defaults]\nremote_user = {user}\nprivate_key_file = {key}\n", 1)
+    cfg = cfg.replace("ssh_args = ", f"ssh_args = {common} ", 1)
+    (tmp_path / "ansible.cfg").write_text(cfg)
+    env = dict(ENV, ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"), MESHKIT_LAUNCH_CACHE=str(tmp_path / "cache"))
+
+    def whoami(*extra: str) -> list[str]:
+        run = subprocess.run(
+            [MESHKIT, "launch", "-i", str(inventory), "-r", "plain", "--no-stdin",
+             "-e", f"meshkit_artifacts_dir={artifacts}", *extra, "--", "id", "-un"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, check=False, stdin=subprocess.DEVNULL, timeout=600,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        return sorted(line.split("] ", 1)[1] for line in run.stdout.splitlines() if line.startswith("["))
+
+    assert whoami() == [user] * 4
+    assert whoami("-e", "ansible_become=true") == ["root"] * 4

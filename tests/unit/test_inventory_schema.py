@@ -1,9 +1,12 @@
-"""Inventory validation (plugins/module_utils/inventory_schema.py)."""
+"""Inventory validation (meshkit/inventory_schema.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils.inventory_schema import DEFAULTS, validate_hosts
+
+from meshkit.inventory_schema import DEFAULTS, validate_hosts
 
 
 def only_problem(host_vars) -> str:
@@ -16,7 +19,11 @@ def test_defaults_are_filled_in():
     normalised, problems = validate_hosts({"node1": {}, "node2": {"ansible_host": "10.0.0.2"}})
     assert problems == []
     # meshccl's environment follows the state directory unless it is set.
-    expected = DEFAULTS | {"meshkit_meshccl_venv": "/var/lib/meshkit/meshccl"}
+    # Artifacts go under the directory ansible-playbook runs in, named after the cluster.
+    expected = DEFAULTS | {
+        "meshkit_meshccl_venv": "/var/lib/meshkit/meshccl",
+        "meshkit_artifacts_dir": os.path.join(os.getcwd(), "artifacts", "cluster"),
+    }
     assert normalised["node1"] == expected
     assert normalised["node2"] == expected  # non-meshkit variables are not validated or returned
     assert normalised["node1"]["meshkit_backend"] == ""

@@ -1,10 +1,10 @@
-"""The lab's names block in a hosts file and its path checks (plugins/module_utils/lab_netns.py)."""
+"""The lab's names block in a hosts file and its path checks (meshkit/lab_netns.py)."""
 
 from __future__ import annotations
 
 import os
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.lab_netns import (
+from meshkit.lab_netns import (
     _blocked_by,
     names_block,
     replace_block,

@@ -1,11 +1,12 @@
-"""The lab's input validation and plan (plugins/module_utils/lab_spec.py)."""
+"""The lab's input validation and plan (meshkit/lab_spec.py)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import (
+
+from meshkit.lab_spec import (
     LabSpecError,
     plan,
     shape_pairs,

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, launch_fast, launch_plan
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
+
+from meshkit import launch_fast, launch_plan
 
 from .test_hostfiles import plan_of
 
@@ -109,7 +111,8 @@ def layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
 
 
 def key_of(layout: dict[str, Path], runtime: str = "meshccl", inventory: Path | None = None) -> str:
-    return launch_fast.cache_key(inventory or layout["inventory"], runtime, layout["playbooks"], layout["cfg"])
+    # The collection root: its playbooks/ directory is where group_vars/host_vars beside the playbook live.
+    return launch_fast.cache_key(inventory or layout["inventory"], runtime, layout["playbooks"].parent, layout["cfg"])
 
 
 def test_key_is_stable_and_follows_the_inventory_its_vars_ansible_cfg_and_runtime(layout: dict[str, Path]) -> None:
@@ -135,8 +138,8 @@ def test_key_is_stable_and_follows_the_inventory_its_vars_ansible_cfg_and_runtim
     changed()
     (layout["playbooks"] / "launch.yml").write_text("- hosts: all\n")  # meshkit's own launch code
     changed()
-    (layout["playbooks"] / "plugins" / "module_utils").mkdir(parents=True)
-    (layout["playbooks"] / "plugins" / "module_utils" / "launch_agent.py").write_text("CHECK = 1\n")
+    (layout["playbooks"].parent / "plugins" / "module_utils").mkdir(parents=True)
+    (layout["playbooks"].parent / "plugins" / "module_utils" / "launch_agent.py").write_text("CHECK = 1\n")
     changed()
     layout["cfg"].write_text("[defaults]\nforks = 10\n")
     changed()

@@ -1,4 +1,4 @@
-"""MPI jobs (plugins/module_utils/launch_mpi.py) and mpirun's remote shell agent
+"""MPI jobs (meshkit/launch_mpi.py) and mpirun's remote shell agent
 (launch_connection.py run as a program): against recorded Open MPI 4.1.4 output, and with the real
 mpirun on this machine, its "hosts" reached through the local connection."""
 
@@ -18,8 +18,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_connection, launch_mpi
-from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher, Terminal
+
+from meshkit import launch_connection, launch_mpi
+from meshkit.launcher import Launcher, Terminal
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "mpi" / "openmpi-4.1.4-rank5-exit3.log"
 
@@ -314,9 +315,37 @@ def test_shell_argv_per_connection_kind():
     ssh = {"kind": "ssh", "host": "10.0.0.2", "port": 2222, "user": "root", "key": "/k", "args": ["-o", "A=b"],
            "host_timeout": 12}  # fmt: skip
     # An orted's connection gets the keepalives of the job's host timeout too.
+    # The keepalives come first (ssh takes an option's first value), then Ansible's own options.
     assert launch_connection.shell_argv(ssh, "orted x") == [
-        "ssh", "-T", "-o", "BatchMode=yes", "-p", "2222", "-l", "root", "-i", "/k", "-o", "A=b",
-        "-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=12", "10.0.0.2", "orted x",
+        "ssh", "-T", "-o", "BatchMode=yes", "-p", "2222", "-l", "root", "-i", "/k",
+        "-o", "ServerAliveInterval=3", "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=12", "-o", "A=b",
+        "10.0.0.2", "orted x",
     ]  # fmt: skip
     assert launch_connection.shell_argv({"kind": "nsenter", "pid": 7}, "c")[-3:] == ["sh", "-c", "c"]
     assert launch_connection.shell_argv({"kind": "local"}, "c") == ["sh", "-c", "c"]
+    # With become (sudo, never prompting), the command runs as the become user on every kind.
+    become = {"become": {"method": "sudo", "user": "svc"}}
+    sudo = ["sudo", "-n", "-H", "-u", "svc", "--"]
+    assert launch_connection.shell_argv(ssh | become, "orted x")[-1] == "sudo -n -H -u svc -- sh -c 'orted x'"
+    assert launch_connection.shell_argv({"kind": "local"} | become, "c") == [*sudo, "sh", "-c", "c"]
+    assert launch_connection.shell_argv({"kind": "nsenter", "pid": 7} | become, "c")[-9:] == [*sudo, "sh", "-c", "c"]
+
+
+def test_connection_from_ansibles_resolved_ssh_options(tmp_path):
+    """What Ansible resolved for its ssh connection (ansible.cfg, environment, host variables)."""
+    options = {
+        "host": "node1.example", "port": 2222, "remote_user": "admin", "private_key_file": "/keys/id",
+        "ssh_args": "-C -o ControlMaster=auto", "ssh_common_args": "-o UserKnownHostsFile=/kh",
+        "ssh_extra_args": "-o LogLevel=ERROR", "host_key_checking": True, "control_path_dir": str(tmp_path / "cp"),
+    }  # fmt: skip
+    conn = launch_connection.connection_for("node1", {}, ssh=options)
+    assert (conn["host"], conn["port"], conn["user"], conn["key"]) == ("node1.example", 2222, "admin", "/keys/id")
+    assert conn["args"][:6] == ["-C", "-o", "ControlMaster=auto", "-o", "UserKnownHostsFile=/kh", "-o"]
+    assert "StrictHostKeyChecking=no" not in conn["args"]
+    assert conn["args"][-1] == f"ControlPath={tmp_path / 'cp'}/mk-%C"
+    # The user's own choice to turn host key checking off is followed, as Ansible follows it.
+    assert "StrictHostKeyChecking=no" in launch_connection.connection_for(
+        "node1", {}, ssh=options | {"host_key_checking": False}
+    )["args"]
+    with pytest.raises(launch_connection.ConnectionError_, match="become_method su is not one"):
+        launch_connection.connection_for("node1", {}, ssh=options, become={"method": "su", "user": "root"})

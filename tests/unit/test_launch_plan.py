@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import (
+from ansible_collections.meshkit.cluster.plugins.modules import launch_preflight
+
+from meshkit.launch_plan import (
     LaunchError,
     build,
-    mlx_ring_file,
     nccl_from_env_file,
     preflight_problems,
     stale_hosts,
     validate,
 )
-from ansible_collections.meshkit.cluster.plugins.modules import launch_preflight
 
 from .module_harness import patch_exits, run_module
 from .test_hostfiles import plan_of
@@ -240,8 +240,18 @@ def test_torch_env_master_nccl_and_gloo_interface(ring: dict[str, Any]) -> None:
         "NCCL_IB_DISABLE": "1",
         "NCCL_SOCKET_IFNAME": "=tb0,tb1",
         "GLOO_SOCKET_IFNAME": "mgmt0",
+        "NNODES": "4",
+        "NPROC_PER_NODE": "2",
     }
     assert not any(k.startswith("NCCL_") for k in job.ranks[0]["env"])  # node1 has no NCCL settings
+    # One builder: a rank's environment is its host's torch.env (as setup.yml writes it, with the
+    # same management interface) plus the rank's own RANK and LOCAL_RANK.
+    files, _ = hostfiles.render(
+        ring, SSH, nccl, "c", ranks_per_host=2, master_port=29555, host="node2", gloo={"node2": "mgmt0"}
+    )
+    written = {k: v.strip("'") for k, v in (line.split("=", 1) for line in files["torch.env"].splitlines()[3:])}
+    assert written == {k: v for k, v in rank5.items() if k not in ("RANK", "LOCAL_RANK", "PYTHONUNBUFFERED")
+                       and not k.startswith("MESHKIT_")}  # fmt: skip
     assert all("MESHCCL_RANK" not in r["env"] for r in job.ranks)
     assert job.files == {h: {} for h in ORDER}
     assert job.ports == {"node1": [["0.0.0.0", 29555, "torch MASTER_PORT (rank 0's store)"]]} | {
@@ -299,7 +309,7 @@ def test_ranks_get_their_own_copies_of_the_program() -> None:
 
 
 def test_mlx_ring_file_first_rank_on_the_cable_others_on_loopback(ring: dict[str, Any]) -> None:
-    assert mlx_ring_file(ring, SSH, 2, 5000) == [
+    assert hostfiles.mlx_ring_runtime(hostfiles.mlx_hostfile(ring, SSH), 5000, ranks_per_host=2) == [
         ["10.50.0.5:5000"],  # node1, its address on the cable to node4 (its left)
         ["127.0.0.1:5001"],
         ["10.50.0.2:5002"],  # node3, to node1
@@ -309,13 +319,16 @@ def test_mlx_ring_file_first_rank_on_the_cable_others_on_loopback(ring: dict[str
         ["10.50.0.14:5006"],  # node4, to node2
         ["127.0.0.1:5007"],
     ]
-    # One rank per host: the same as the ring file the hostfiles role writes.
-    assert mlx_ring_file(ring, SSH, 1, 5000) == hostfiles.mlx_ring_runtime(hostfiles.mlx_hostfile(ring, SSH), 5000)
+    # One rank per host: the ring file setup.yml writes (one builder: hostfiles.mlx_ring_runtime).
+    files, _skipped = hostfiles.render(ring, SSH, {}, "lab", mlx_starting_port=5000)
+    assert hostfiles.mlx_ring_runtime(hostfiles.mlx_hostfile(ring, SSH), 5000, ranks_per_host=1) == json.loads(
+        files["mlx-ring.json"]
+    )
 
 
 def test_mlx_ring_job_files_env_and_ports(ring: dict[str, Any]) -> None:
     job = plan_job(ring, runtime="mlx", ranks_per_host=2, mlx_port=40000)
-    expected = mlx_ring_file(ring, SSH, 2, 40000)
+    expected = hostfiles.mlx_ring_runtime(hostfiles.mlx_hostfile(ring, SSH), 40000, ranks_per_host=2)
     assert all(json.loads(files["mlx-ring.json"]) == expected for files in job.files.values())
     assert set(job.files) == set(ORDER)
     assert job.ports["node1"] == [["10.50.0.5", 40000, "MLX ring rank 0"], ["127.0.0.1", 40001, "MLX ring rank 1"]]
@@ -329,7 +342,7 @@ def test_mlx_ring_job_files_env_and_ports(ring: dict[str, Any]) -> None:
 
 def test_mlx_ring_on_a_doubled_ring_lists_both_cables_for_the_first_rank() -> None:
     plan = plan_of([(1, 2), (1, 2), (2, 3), (2, 3), (3, 1), (3, 1)], 3)
-    ring = mlx_ring_file(plan, SSH, 2, 100)
+    ring = hostfiles.mlx_ring_runtime(hostfiles.mlx_hostfile(plan, SSH), 100, ranks_per_host=2)
     assert ring[0] == ["10.50.0.9:100", "10.50.0.13:101"]
     assert ring[1] == ["127.0.0.1:102"]
     assert ring[2][0].endswith(":103")
@@ -366,7 +379,9 @@ def test_mlx_rdma_backend_one_rank_per_host() -> None:
 
 def test_stale_hosts(ring: dict[str, Any]) -> None:
     current = hostfiles.render(ring, SSH, {}, "c")[0]["manifest.json"]
-    older = hostfiles.render(plan_of(RING[:3], 4), SSH, {}, "c")[0]["manifest.json"]
+    moved = json.loads(json.dumps(ring))
+    moved["cables"][0]["network"] = "10.99.0.0/30"  # the same backend, another plan
+    older = hostfiles.render(moved, SSH, {}, "c")[0]["manifest.json"]
     manifests = {"node1": current, "node2": None, "node3": older, "node4": "{not json"}
     problems = stale_hosts(ring, manifests, "/var/lib/meshkit/")
     assert len(problems) == 3
@@ -380,6 +395,20 @@ def test_stale_hosts(ring: dict[str, Any]) -> None:
     # In ring order; a host missing from the manifests counts as having none.
     assert [p.split(":")[0] for p in stale_hosts(ring, {}, STATE)] == ORDER
     assert stale_hosts(ring, dict.fromkeys(ORDER, current), STATE) == []
+
+
+def test_hostfiles_made_for_another_backend_are_refused_by_name(ring: dict[str, Any]) -> None:
+    """The fingerprint covers the backend; the refusal says which backend each side has."""
+    rdma = dict(ring, backend="jaccl-ring")
+    assert hostfiles.fingerprint(rdma) != hostfiles.fingerprint(ring)
+    made = hostfiles.render(rdma, SSH, {}, "c")[0]["manifest.json"]
+    assert json.loads(made)["backend"] == "jaccl-ring"
+    problems = stale_hosts(ring, dict.fromkeys(ORDER, made), STATE)
+    assert problems == [
+        f"{h}: the hostfiles in {STATE.rstrip('/')}/hostfiles were made for backend 'jaccl-ring' "
+        "and the plan says 'ring'; run setup.yml"
+        for h in ORDER
+    ]
 
 
 def test_nccl_from_env_file_reads_what_torch_env_writes(ring: dict[str, Any]) -> None:

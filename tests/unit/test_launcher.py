@@ -23,8 +23,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_agent, launch_plan, launcher
-from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import (
+from ansible_collections.meshkit.cluster.plugins.module_utils import launch_agent
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
+
+from meshkit import launch_plan, launcher
+from meshkit.launcher import (
     AGENT_SOURCE,
     BOOTSTRAP,
     HostJob,
@@ -36,7 +39,6 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import (
     host_jobs,
     redact,
 )
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
 
 LOCAL = agent_argv({"kind": "local"}, sys.executable)
 SLEEP = ["sleep", "60"]
@@ -590,11 +592,11 @@ def test_agent_argv_ssh_quotes_the_remote_command_as_one_word_list() -> None:
     assert argv[argv.index("-p") + 1] == "2222"
     assert argv[argv.index("-l") + 1] == "ops"
     assert argv[argv.index("-i") + 1] == "/home/ops/.ssh/id_ed25519"
-    # The inventory's options, then meshkit's keepalives and connect timeout (ssh takes an option's
-    # first value, so the inventory's own ServerAliveInterval would win).
+    # meshkit's keepalives and connect timeout, then Ansible's options (ssh takes an option's first
+    # value: the launch's host timeout holds whatever ServerAlive settings ansible.cfg's ssh_args carry).
     assert argv[-10:-2] == [
-        "-o", "StrictHostKeyChecking=accept-new",
         "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=20",
+        "-o", "StrictHostKeyChecking=accept-new",
     ]  # fmt: skip
     assert argv[-2] == "10.9.0.3"
     assert shlex.split(argv[-1]) == ["/opt/py 3/bin/python3", "-u", "-c", BOOTSTRAP]

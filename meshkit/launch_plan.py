@@ -139,23 +139,6 @@ class Job:
         return seen
 
 
-def mlx_ring_file(plan: dict[str, Any], ssh: dict[str, str], ranks_per_host: int, port: int) -> list[list[str]]:
-    """MLX's runtime ring file for several ranks per host: a host's first rank listens on its
-    cable address facing the previous host (as mlx.launch does), the others on loopback, where
-    the rank before them (on the same host) connects."""
-    mlx = hostfiles.mlx_hostfile(plan, ssh)
-    out = []
-    for host_entry in mlx["hosts"]:
-        for local in range(ranks_per_host):
-            ips = host_entry["ips"] if local == 0 else ["127.0.0.1"]
-            row = []
-            for ip in ips:
-                row.append(f"{ip}:{port}")
-                port += 1
-            out.append(row)
-    return out
-
-
 def build(
     plan: dict[str, Any],
     settings: dict[str, Any],
@@ -208,7 +191,7 @@ def build(
                     "runtime mlx needs a ring through every host and the cabling has none; "
                     "run with launch_runtime=meshccl or torch, or cable a ring"
                 )
-            ring = mlx_ring_file(plan, ssh, per_host, mlx_port)
+            ring = hostfiles.mlx_ring_runtime(hostfiles.mlx_hostfile(plan, ssh), mlx_port, ranks_per_host=per_host)
             text = json.dumps(ring) + "\n"
             for h in order:
                 files[h]["mlx-ring.json"] = text
@@ -254,21 +237,16 @@ def build(
                 env["MLX_IBV_DEVICES"] = f"{job_dir}/mlx-ibv-devices.json"
                 env["MLX_JACCL_COORDINATOR"] = f"{ssh.get(order[0], order[0])}:{mlx_port}"
         elif runtime == "torch":
-            env |= {
-                "RANK": str(r["rank"]),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(r["local_rank"]),
-                "LOCAL_WORLD_SIZE": str(per_host),
-                "GROUP_RANK": str(r["node_rank"]),
-                "NODE_RANK": str(r["node_rank"]),
-                "MASTER_ADDR": ssh.get(order[0], order[0]),
-                "MASTER_PORT": str(master_port),
-            }
-            env |= dict(sorted((nccl.get(host) or {}).items()))
-            if management_interface.get(host):
-                # Gloo gives every rank one address and connects every pair of ranks to it: on
-                # point-to-point cables only the management network reaches every host.
-                env["GLOO_SOCKET_IFNAME"] = management_interface[host]
+            env |= hostfiles.torch_vars(
+                plan,
+                host,
+                ssh,
+                per_host,
+                master_port,
+                nccl.get(host) or {},
+                management_interface.get(host),
+                r["local_rank"],
+            )
         elif runtime == "mpi" and management_interface:
             # Open MPI's TCP transport wants every pair of ranks reachable on the interfaces it
             # uses; point-to-point cables reach only the hosts they join, the management network
@@ -297,11 +275,19 @@ def stale_hosts(plan: dict[str, Any], manifests: dict[str, str | None], state_di
             out.append(f"{host}: no hostfiles in {where}; run setup.yml first")
             continue
         try:
-            found = json.loads(text).get("fingerprint")
+            manifest = json.loads(text)
+            found = manifest.get("fingerprint")
         except (ValueError, AttributeError):
             out.append(f"{host}: {where}/manifest.json is not JSON; run setup.yml")
             continue
-        if found != fp:
+        made_for = manifest.get("backend")
+        planned = plan.get("backend") or ""
+        if made_for is not None and made_for != planned:
+            out.append(
+                f"{host}: the hostfiles in {where} were made for backend {made_for or 'none'!r} and the plan "
+                f"says {planned or 'none'!r}; run setup.yml"
+            )
+        elif found != fp:
             out.append(
                 f"{host}: the hostfiles in {where} were made from another cabling ({found}; now {fp}); run setup.yml"
             )

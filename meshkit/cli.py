@@ -1,9 +1,16 @@
-#!/usr/bin/env python3
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""meshkit's command line.
+"""meshkit's command line: the collection's playbooks run through ansible-runner, and jobs.
 
-  meshkit launch -i inventory/lab.yml [options] -- PROGRAM [ARGS...]
+  meshkit lab [--down] [-e VARS]                   a local emulated cluster (meshkit.cluster.lab)
+  meshkit setup -i INVENTORY [ansible options]     converge the cluster (meshkit.cluster.setup)
+  meshkit launch -i INVENTORY [options] -- PROGRAM [ARGS...]
+
+The playbooks are the collection's (meshkit.cluster.setup and friends) from the same install as
+this command; Ansible's configuration is the usual (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg)
+and relative paths are the current directory's, as for ansible-playbook itself.
+
+meshkit launch:
 
 Plans and checks the job as launch.yml does (it runs launch.yml through ansible-runner, up to and
 including the preflight) and remembers what it planned from. The next launch on the same inventory
@@ -23,22 +30,16 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import stat
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / ".collections"))
-
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_connection, launch_fast  # noqa: E402
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_mpi import (  # noqa: E402
-    Lines,
-    MpiError,
-    explain,
-    hosts_for,
-)
-from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import Launcher, Terminal  # noqa: E402
+from meshkit import launch_connection, launch_fast
+from meshkit.collection import collection_root, runner_env
+from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
+from meshkit.launcher import Launcher, Terminal
 
 
 def host_timeout(text: str) -> float:
@@ -61,6 +62,19 @@ def parse_env(text: str) -> tuple[str, str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshkit", description="meshkit: provision and run jobs on a cabled cluster")
     sub = p.add_subparsers(dest="command", required=True)
+    lab = sub.add_parser("lab", help="build (or --down: remove) a local emulated cluster (meshkit.cluster.lab; root)")
+    lab.add_argument("--down", action="store_true", help="remove the lab and everything it made")
+    lab.add_argument(
+        "-e", "--extra-vars", action="append", default=[], metavar="VARS",
+        help="lab variables (lab_size, lab_shape, lab_name, ...), as ansible-playbook -e takes them",
+    )  # fmt: skip
+    setup = sub.add_parser(
+        "setup",
+        help="converge the cluster of an inventory (meshkit.cluster.setup)",
+        description="Runs meshkit.cluster.setup on the inventory; every other option is ansible-playbook's "
+        "(--check, --diff, --tags, --limit, -e VARS, -v).",
+    )
+    setup.add_argument("-i", "--inventory", required=True, help="the cluster's inventory")
     launch = sub.add_parser(
         "launch",
         help="start a program on every host of an inventory, supervised, output streamed, stdin broadcast",
@@ -108,11 +122,7 @@ def prepare(args: argparse.Namespace, program: list[str], job_file: Path, privat
         extravars["launch_ranks_per_host"] = args.ranks_per_host
     if args.cwd:
         extravars["launch_cwd"] = args.cwd
-    envvars = {
-        "ANSIBLE_CONFIG": os.environ.get("ANSIBLE_CONFIG", str(REPO / "ansible.cfg")),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-        "ANSIBLE_NOCOLOR": "1",
-    }
+    envvars = {**runner_env(), "ANSIBLE_NOCOLOR": "1"}
     failures: list[str] = []
 
     def on_event(event: dict) -> bool:
@@ -128,25 +138,26 @@ def prepare(args: argparse.Namespace, program: list[str], job_file: Path, privat
     cmdline = " ".join(f"-e {json.dumps(v) if not v.startswith('@') else v}" for v in args.extra_vars) or None
     run = ansible_runner.run(
         private_data_dir=str(private),
-        playbook=str(REPO / "launch.yml"),
+        playbook="meshkit.cluster.launch",
         inventory=str(Path(args.inventory).resolve()),
         extravars=extravars,
         envvars=envvars,
         cmdline=cmdline,
         quiet=True,
         event_handler=on_event,
-        project_dir=str(REPO),
+        project_dir=os.getcwd(),  # relative paths (artifacts, ansible.cfg) are the caller's
     )
     return run.rc, failures
 
 
 def cache_file(args: argparse.Namespace) -> tuple[Path, str]:
-    """Where this inventory's remembered context is kept (.cache/launch, or $MESHKIT_LAUNCH_CACHE),
+    """Where this inventory's remembered context is kept (~/.cache/meshkit/launch, or $MESHKIT_LAUNCH_CACHE),
     and the key it must match."""
     inventory = Path(args.inventory)
-    cfg = Path(os.environ.get("ANSIBLE_CONFIG") or REPO / "ansible.cfg")
-    key = launch_fast.cache_key(inventory, args.runtime, REPO, cfg)
-    where = Path(os.environ.get("MESHKIT_LAUNCH_CACHE") or REPO / ".cache" / "launch")
+    cfg = runner_env().get("ANSIBLE_CONFIG")
+    key = launch_fast.cache_key(inventory, args.runtime, collection_root(), Path(cfg) if cfg else None)
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    where = Path(os.environ.get("MESHKIT_LAUNCH_CACHE") or cache_home / "meshkit" / "launch")
     return launch_fast.cache_path(where, inventory, args.runtime), key
 
 
@@ -284,8 +295,41 @@ def launch(args: argparse.Namespace) -> int:
     return 1
 
 
-def main() -> int:
-    args = parser().parse_args()
+def playbook(name: str, inventory: str | None, cmdline: list[str], extravars: dict | None = None) -> int:
+    """Run one of the collection's playbooks, its output shown as ansible-playbook shows it."""
+    import ansible_runner
+
+    with tempfile.TemporaryDirectory(prefix=f"meshkit-{name}-") as tmp:
+        run = ansible_runner.run(
+            private_data_dir=tmp,
+            playbook=f"meshkit.cluster.{name}",
+            inventory=str(Path(inventory).resolve()) if inventory else None,
+            extravars=extravars or {},
+            envvars=runner_env(),
+            cmdline=" ".join(shlex.quote(a) for a in cmdline) or None,
+            project_dir=os.getcwd(),
+        )
+    return run.rc
+
+
+def extra_vars(values: list[str]) -> list[str]:
+    return [arg for value in values for arg in ("-e", value)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args, unknown = parser().parse_known_args(argv)
+    if unknown and args.command != "setup":
+        parser().parse_args(argv)  # says what it does not know, and exits 2
+    if args.command == "setup":
+        # Whatever argparse did not take is ansible-playbook's (--check, --diff, -e VARS, --limit, ...).
+        args.playbook_args = unknown
+    if args.command == "lab":
+        # The lab's files (.lab/<name>, inventory/<name>.yml) go under the current directory.
+        state = {"lab_base": os.getcwd(), **({"lab_state": "absent"} if args.down else {})}
+        return playbook("lab", None, extra_vars(args.extra_vars), state)
+    if args.command == "setup":
+        return playbook("setup", args.inventory, [a for a in args.playbook_args if a != "--"])
     if args.command == "launch":
         try:
             return launch(args)

@@ -67,13 +67,32 @@ def lab_holder(lab_dir: str, netns: str) -> tuple[str, int]:
     return name, int(pid)
 
 
-def connection_for(host: str, hv: Any, templar: Any = None) -> dict[str, Any]:
+def connection_for(
+    host: str,
+    hv: Any,
+    templar: Any = None,
+    ssh: dict[str, Any] | None = None,
+    become: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """How to reach ``host``. ``ssh``: Ansible's own ssh connection options for it, as Ansible
+    resolves them (ansible.cfg, environment, host variables: remote_user, port, private_key_file,
+    ssh_args, ssh_common_args, ssh_extra_args, host_key_checking, control_path_dir); without it the
+    host variables alone. ``become``: {"method", "user"} when the task runs with become, so the
+    ranks run as that user, as Ansible would run the task."""
     kind = _value(hv, templar, "ansible_connection", "ssh")
     python = _value(hv, templar, "ansible_python_interpreter", None)
     if not python or str(python).startswith("auto"):
         python = "python3"
+    extra: dict[str, Any] = {}
+    if become:
+        if become.get("method") != "sudo":
+            raise ConnectionError_(
+                f"{host}: become_method {become.get('method')} is not one meshkit launch can run ranks with; "
+                "use sudo (passwordless: the ranks cannot be asked for a password), or launch without become"
+            )
+        extra["become"] = {"method": "sudo", "user": str(become.get("user") or "root")}
     if kind in LOCAL:
-        return {"kind": "local", "python": python}
+        return {"kind": "local", "python": python, **extra}
     if kind in NETNS:
         lab_dir = _value(hv, templar, "meshkit_lab_dir")
         netns = _value(hv, templar, "meshkit_lab_netns")
@@ -82,30 +101,52 @@ def connection_for(host: str, hv: Any, templar: Any = None) -> dict[str, Any]:
         # lab_dir and netns let `meshkit launch` check a remembered connection (the holder changes
         # when the lab is rebuilt).
         pid = lab_holder(lab_dir, netns)[1]
-        return {"kind": "nsenter", "pid": pid, "python": python, "lab_dir": lab_dir, "netns": netns}
+        return {"kind": "nsenter", "pid": pid, "python": python, "lab_dir": lab_dir, "netns": netns, **extra}
     if kind not in SSH:
         raise ConnectionError_(
             f"{host}: ansible_connection={kind} is not one meshkit launch can stream over; use ssh "
             "(or meshkit.cluster.netns / local)"
         )
+    if ssh is None:  # the host variables alone (no Ansible configuration to ask)
+        ssh = {
+            "host": _value(hv, templar, "ansible_host", host) or host,
+            "port": _value(hv, templar, "ansible_port", None),
+            "remote_user": _value(hv, templar, "ansible_user", None),
+            "private_key_file": _value(hv, templar, "ansible_ssh_private_key_file", None),
+            "ssh_common_args": _value(hv, templar, "ansible_ssh_common_args", ""),
+            "ssh_extra_args": _value(hv, templar, "ansible_ssh_extra_args", ""),
+            "control_path_dir": _value(hv, templar, "ansible_control_path_dir", None),
+        }
     args: list[str] = []
-    for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
-        text = _value(hv, templar, name, "") or ""
-        args += shlex.split(str(text))
-    control_dir = _value(hv, templar, "ansible_control_path_dir", None) or os.path.expanduser("~/.ansible/cp")
+    for name in ("ssh_args", "ssh_common_args", "ssh_extra_args"):
+        args += shlex.split(str(ssh.get(name) or ""))
+    if ssh.get("host_key_checking") is False:
+        # The user's own configuration turned it off (never meshkit's default): as Ansible does.
+        args += ["-o", "StrictHostKeyChecking=no"]
+    control_dir = os.path.expanduser(str(ssh.get("control_path_dir") or "~/.ansible/cp"))
     os.makedirs(control_dir, mode=0o700, exist_ok=True)
     # Our own master per host (not Ansible's, whose socket name is its own hash): a second launch
     # within a minute skips the SSH handshake.
     args += ["-o", "ControlMaster=auto", "-o", "ControlPersist=60s", "-o", f"ControlPath={control_dir}/mk-%C"]
     return {
         "kind": "ssh",
-        "host": _value(hv, templar, "ansible_host", host) or host,
-        "port": _value(hv, templar, "ansible_port", None),
-        "user": _value(hv, templar, "ansible_user", None),
-        "key": _value(hv, templar, "ansible_ssh_private_key_file", None),
+        "host": str(ssh.get("host") or host),
+        "port": ssh.get("port"),
+        "user": ssh.get("remote_user"),
+        "key": ssh.get("private_key_file"),
         "args": args,
         "python": python,
+        **extra,
     }
+
+
+def become_argv(connection: dict[str, Any]) -> list[str]:
+    """The words that run a command as the become user (empty without become). Never prompts:
+    a password-protected sudo fails at once instead of hanging the launch."""
+    become = connection.get("become")
+    if not become:
+        return []
+    return ["sudo", "-n", "-H", "-u", str(become["user"]), "--"]
 
 
 def still_valid(connection: dict[str, Any]) -> str | None:
@@ -133,9 +174,10 @@ def keepalive_options(host_timeout: float) -> list[str]:
 
 
 def ssh_argv(connection: dict[str, Any]) -> list[str]:
-    """ssh and its options for an ssh connection, up to (and with) the host name. The inventory's
-    own options come first, so they win over meshkit's keepalives (ssh takes an option's first
-    value)."""
+    """ssh and its options for an ssh connection, up to (and with) the host name. meshkit's
+    keepalives come first (ssh takes an option's first value): the launch's host timeout holds
+    whatever ServerAlive settings Ansible's ssh_args carry for its own tasks; every other option
+    is Ansible's (ansible.cfg, the inventory) as it would use it."""
     argv = ["ssh", "-T", "-o", "BatchMode=yes"]
     if connection.get("port"):
         argv += ["-p", str(connection["port"])]
@@ -144,7 +186,7 @@ def ssh_argv(connection: dict[str, Any]) -> list[str]:
     if connection.get("key"):
         argv += ["-i", str(connection["key"])]
     keepalive = keepalive_options(float(connection.get("host_timeout") or DEFAULT_HOST_TIMEOUT))
-    return [*argv, *(connection.get("args") or []), *keepalive, str(connection["host"])]
+    return [*argv, *keepalive, *(connection.get("args") or []), str(connection["host"])]
 
 
 def nsenter_argv(connection: dict[str, Any]) -> list[str]:
@@ -154,12 +196,13 @@ def nsenter_argv(connection: dict[str, Any]) -> list[str]:
 def shell_argv(connection: dict[str, Any], command: str) -> list[str]:
     """Run a shell command line on the connection's host."""
     kind = connection.get("kind")
+    become = become_argv(connection)
     if kind == "ssh":
-        return [*ssh_argv(connection), command]
+        return [*ssh_argv(connection), shlex.join([*become, "sh", "-c", command]) if become else command]
     if kind == "nsenter":
-        return [*nsenter_argv(connection), "sh", "-c", command]
+        return [*nsenter_argv(connection), *become, "sh", "-c", command]
     if kind == "local":
-        return ["sh", "-c", command]
+        return [*become, "sh", "-c", command]
     raise ValueError(f"unknown connection kind {kind!r}")
 
 

@@ -38,15 +38,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, launch_connection, meshccl_build
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_plan import (
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, meshccl_build
+
+from meshkit import launch_connection
+from meshkit.launch_plan import (
     host_preflight,
     make_job,
     preflight_problems,
     record_job,
     validate,
 )
-from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import AGENT_SOURCE, agent_argv
+from meshkit.launcher import AGENT_SOURCE, agent_argv
 
 # Bumped when the context's shape or meaning changes: older caches are then not used.
 VERSION = 1
@@ -89,12 +91,19 @@ def inventory_files(inventory: Path, playbook_dir: Path) -> list[Path]:
     return files
 
 
-def cache_key(inventory: Path, runtime: str, playbook_dir: Path, ansible_cfg: Path | None) -> str:
+def cache_key(inventory: Path, runtime: str, collection: Path, ansible_cfg: Path | None) -> str:
+    """What a remembered launch must match: the inventory's files, Ansible's settings, and meshkit's
+    own launch code (the collection's launch playbook and plugins, this package)."""
     h = hashlib.sha256(f"{VERSION}\0{runtime}\0{inventory.resolve()}\0".encode())
-    for path in inventory_files(inventory, playbook_dir):
+    for path in inventory_files(inventory, collection / "playbooks"):
         h.update(str(path.resolve()).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     # meshkit's own launch code: a check added there is not skipped by an older record.
-    for path in [playbook_dir / "launch.yml", *sorted((playbook_dir / "plugins").rglob("*.py"))]:
+    code = [
+        collection / "playbooks" / "launch.yml",
+        *sorted((collection / "plugins").rglob("*.py")),
+        *sorted(Path(__file__).parent.glob("*.py")),
+    ]
+    for path in code:
         if path.is_file():
             h.update(b"code\0" + hashlib.sha256(path.read_bytes()).digest())
     if ansible_cfg is not None and ansible_cfg.is_file():

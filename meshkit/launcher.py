@@ -38,8 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_connection import (
+from ansible_collections.meshkit.cluster.plugins.module_utils import launch_agent
+
+from meshkit.launch_connection import (
     DEFAULT_HOST_TIMEOUT,
+    become_argv,
     nsenter_argv,
     ssh_argv,
 )
@@ -58,7 +61,7 @@ BOOTSTRAP = (
     "    return b\n"
     "exec(compile(r(int(r(10))), 'meshkit-launch-agent', 'exec'))\n"
 )
-AGENT_SOURCE = Path(__file__).with_name("launch_agent.py")
+AGENT_SOURCE = Path(launch_agent.__file__)
 TAIL_LINES = 20
 # Input for the ranks is read from the launcher's stdin only while every host's unsent data is
 # below this: a host that does not take its input holds the broadcast up, never the launcher.
@@ -84,7 +87,7 @@ def agent_argv(connection: dict[str, Any], python: str) -> list[str]:
     ``connection``: {"kind": "local"}, {"kind": "nsenter", "pid": holder pid} (the lab's
     namespaces), or {"kind": "ssh", "host", "port", "user", "key", "args": [ssh options]}.
     """
-    local = [python, "-u", "-c", BOOTSTRAP]
+    local = [*become_argv(connection), python, "-u", "-c", BOOTSTRAP]
     kind = connection.get("kind")
     if kind == "local":
         return local

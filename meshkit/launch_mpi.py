@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_connection, launcher
-from ansible_collections.meshkit.cluster.plugins.module_utils.launcher import HostJob, agent_argv, host_jobs
+from meshkit import launch_connection, launcher
+from meshkit.launcher import HostJob, agent_argv, host_jobs
 
 TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:(.*)$", re.S)
 ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.lab_spec import (
+from meshkit.lab_spec import (
     HOST_BRIDGE,
     HOST_MGMT_PORT,
     HOST_PORT_PREFIX,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import difflib
 import ipaddress
+import os
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, DEFAULT_POOL, natural_key
@@ -29,6 +30,8 @@ DEFAULTS: dict[str, Any] = {
     "meshkit_meshccl_install": True,
     "meshkit_meshccl_venv": None,
     "meshkit_meshccl_python": "python3",
+    # None: artifacts/<meshkit_cluster_name> under the directory ansible-playbook (or meshkit) runs in.
+    "meshkit_artifacts_dir": None,
 }
 
 # Set once for the whole cluster: every host must agree.
@@ -58,7 +61,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "meshkit_meshccl_install": {"type": "boolean"},
     "meshkit_meshccl_venv": {"type": "string", "nullable": True, "regex": r"^/.*"},
     "meshkit_meshccl_python": {"type": "string", "empty": False},
-    "meshkit_artifacts_dir": {"type": "string"},
+    "meshkit_artifacts_dir": {"type": "string", "nullable": True},
     "meshkit_hosts": {"type": "string"},
     # Written by playbooks/lab.yml into lab inventories.
     "meshkit_lab_name": {"type": "string"},
@@ -154,6 +157,8 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
                 [],
             ).append(host)
             continue
+        artifacts = merged["meshkit_artifacts_dir"] or os.path.join("artifacts", merged["meshkit_cluster_name"])
+        merged["meshkit_artifacts_dir"] = os.path.abspath(artifacts)
         if not merged["meshkit_meshccl_venv"]:
             merged["meshkit_meshccl_venv"] = merged["meshkit_state_dir"].rstrip("/") + "/meshccl"
         normalised[host] = merged

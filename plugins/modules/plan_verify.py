@@ -1,0 +1,136 @@
+#!/usr/bin/python
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: load setup.yml's plan.json and check the live cabling against it."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: plan_verify
+short_description: Load the recorded cabling plan and check the live cabling against it
+description:
+  - Reads the plan C(setup.yml) wrote (C(plan.json)), checks its format, version, fields and fingerprint, and
+    compares it with the cabling discovered now (M(meshkit.cluster.discover) on every host) cable end by cable
+    end, by port and by the identity (MAC address, Thunderbolt UUID) each end had and each peer saw.
+  - Never plans again. Any difference fails the task, naming each cable and what its ends report, and says to
+    run C(setup.yml); launches then run on exactly what C(setup.yml) configured and wrote hostfiles for.
+  - Run it on the controller (C(delegate_to) localhost, C(run_once)). Changes nothing.
+version_added: 0.1.0
+author: meshkit contributors (@meshkit)
+extends_documentation_fragment:
+  - meshkit.cluster.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  record:
+    description: Path of C(plan.json) on the controller.
+    type: path
+    required: true
+  discovery:
+    description:
+      - Per host, the C(ports) list M(meshkit.cluster.discover) returned now.
+      - Hosts left out (not in this play) are not checked.
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Load the plan and check the cabling against it
+  meshkit.cluster.plan_verify:
+    record: "{{ meshkit_artifacts }}/plan.json"
+    discovery: >-
+      {{ dict(ansible_play_hosts
+              | zip(ansible_play_hosts | map('extract', hostvars, ['meshkit_discovery', 'ports']))) }}
+  run_once: true
+  delegate_to: localhost
+  register: meshkit_planned
+"""
+
+RETURN = r"""
+plan:
+  description: The plan as C(setup.yml) recorded it (validated).
+  returned: success
+  type: dict
+  contains:
+    format:
+      description: Always C(meshkit-plan).
+      type: str
+      sample: meshkit-plan
+    version:
+      description: Version of the plan format.
+      type: int
+      sample: 2
+    fingerprint:
+      description: SHA-256 over everything a hostfile or a launch depends on; the hostfiles carry the same.
+      type: str
+      sample: "sha256:5f0c..."
+    hosts:
+      description: The planned hosts.
+      type: list
+      elements: str
+      sample: [node1, node2, node3]
+    backend:
+      description: MLX backend the cabling was planned for (empty when there is no ring through every host).
+      type: str
+      sample: jaccl-ring
+    cables:
+      description: Every cable, its two ends (host, port, address, identity, speed, RDMA device) and its network.
+      type: list
+      elements: dict
+      sample: [{"ends": [{"host": "node1", "port": "tb0", "address": "198.18.128.1", "ident": "02:00:00:00:01:00",
+                          "speed": "40000", "rdma": "rdma_en2"},
+                         {"host": "node2", "port": "tb1", "address": "198.18.128.2", "ident": "02:00:00:00:02:01",
+                          "speed": "40000", "rdma": "rdma_en3"}],
+                "network": "198.18.128.0/30"}]
+    ring:
+      description: Hosts in ring order (empty without a ring through every host).
+      type: list
+      elements: str
+      sample: [node1, node2, node3]
+    per_host:
+      description: Per host, what it applies on each port (address, prefix, peer).
+      type: dict
+      sample: {"node1": [{"port": "tb0", "address": "198.18.128.1", "prefix": 30, "peer_host": "node2"}]}
+    rdma_ports:
+      description: Per host, the ports the backend runs RDMA over.
+      type: dict
+      sample: {"node1": ["tb0", "tb1"]}
+differences:
+  description: How the live cabling differs from the plan, one line per cable end (empty on success).
+  returned: always
+  type: list
+  elements: str
+  sample: ["node1:tb1 <-> node3:tb0: node3:tb0 is down"]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils.plan_contract import PlanError, live_differences, load
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "record": {"type": "path", "required": True},
+            "discovery": {"type": "dict", "required": True},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        plan = load(module.params["record"])
+    except PlanError as exc:
+        module.fail_json(msg=str(exc), differences=[])
+    differences = live_differences(plan, module.params["discovery"])
+    if differences:
+        module.fail_json(
+            msg="the cabling differs from the plan setup.yml made; run setup.yml, then launch again:\n  - "
+            + "\n  - ".join(differences),
+            differences=differences,
+        )
+    module.exit_json(changed=False, plan=plan, differences=[])
+
+
+if __name__ == "__main__":
+    main()
