@@ -10,29 +10,9 @@ import ipaddress
 import os
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, DEFAULT_POOL, natural_key
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL, DEFAULTS, DISCOVER_PORTS
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, natural_key
 from cerberus import Validator
-
-DEFAULTS: dict[str, Any] = {
-    "meshkit_cluster_name": "cluster",
-    "meshkit_fabric": "thunderbolt",
-    "meshkit_backend": "",
-    "meshkit_address_pool": DEFAULT_POOL,
-    "meshkit_peer_ports": [],
-    "meshkit_bridge": "bridge0",
-    "meshkit_mtu": None,
-    "meshkit_management_interface": None,
-    "meshkit_state_dir": "/var/lib/meshkit",
-    "meshkit_ping_count": 3,
-    "meshkit_ranks_per_host": 1,
-    "meshkit_master_port": 29500,
-    "meshkit_meshccl_port": 29600,
-    "meshkit_meshccl_install": True,
-    "meshkit_meshccl_venv": None,
-    "meshkit_meshccl_python": "python3",
-    # None: artifacts/<meshkit_cluster_name> under the directory ansible-playbook (or meshkit) runs in.
-    "meshkit_artifacts_dir": None,
-}
 
 # Set once for the whole cluster: every host must agree.
 CLUSTER_WIDE = (
@@ -157,6 +137,8 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
                 [],
             ).append(host)
             continue
+        # Derived, not set by users: the port patterns discovery probes.
+        merged["meshkit_discover_ports"] = list(merged["meshkit_peer_ports"] or DISCOVER_PORTS)
         artifacts = merged["meshkit_artifacts_dir"] or os.path.join("artifacts", merged["meshkit_cluster_name"])
         merged["meshkit_artifacts_dir"] = os.path.abspath(artifacts)
         if not merged["meshkit_meshccl_venv"]:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, meshccl_build
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DISCOVER_PORTS
 
 from meshkit import launch_connection
 from meshkit.launch_plan import (
@@ -187,7 +188,7 @@ def check_specs(job: dict[str, Any], context: dict[str, Any]) -> dict[str, dict[
             "preflight": host_preflight(job, host),
             "state_dir": cfg.get("meshkit_state_dir") or "/var/lib/meshkit",
             "links": plan.get("per_host", {}).get(host) or [],
-            "peer_ports": cfg.get("meshkit_peer_ports") or ["thunderbolt*"],
+            "peer_ports": cfg.get("meshkit_discover_ports") or cfg.get("meshkit_peer_ports") or DISCOVER_PORTS,
             "management_interface": management.get(host) or "",
         }
         if context.get("meshccl") and job["runtime"] == "meshccl" and cfg.get("meshkit_meshccl_install", True):

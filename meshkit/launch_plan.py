@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import MASTER_PORT, MESHCCL_PORT
 from cerberus import Validator
 
 RUNTIMES = ("meshccl", "mlx", "torch", "mpi", "plain")
@@ -149,8 +150,8 @@ def build(
     ssh: dict[str, str],
     nccl: dict[str, dict[str, str]] | None = None,
     management_interface: dict[str, str] | None = None,
-    master_port: int = 29500,
-    meshccl_port: int = 29600,
+    master_port: int = MASTER_PORT,
+    meshccl_port: int = MESHCCL_PORT,
     bin_dirs: dict[str, str] | None = None,
 ) -> Job:
     """Plan every rank of a job. ``settings`` comes from validate(). ``bin_dirs``: per host, a
@@ -357,8 +358,8 @@ def make_job(
         ssh=dict(inputs.get("ssh") or {}),
         nccl=nccl,
         management_interface=dict(inputs.get("management_interface") or {}),
-        master_port=int(inputs.get("master_port") or 29500),
-        meshccl_port=int(inputs.get("meshccl_port") or 29600),
+        master_port=int(inputs.get("master_port") or MASTER_PORT),
+        meshccl_port=int(inputs.get("meshccl_port") or MESHCCL_PORT),
         bin_dirs=dict(inputs.get("bin_dirs") or {}),
     )
     out = job.as_dict() | {"timeout": settings.get("timeout") or 0, "grace": settings.get("grace", 3.0)}

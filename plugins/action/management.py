@@ -42,7 +42,7 @@ def ssh_proxy(target: str, options: list[str]) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     for line in proc.stdout.splitlines():
-        key, _, value = line.partition(" ")
+        key, _sep, value = line.partition(" ")
         if key in ("proxyjump", "proxycommand") and value.strip() and value.strip() != "none":
             return f"{key} {value.strip()}"
     return None

@@ -19,7 +19,7 @@ description:
     from the host's own C(/etc/passwd); C(become) then goes through the host's sudo exactly as over SSH.
     As root (the default) commands run with the controller's environment.
   - Use it with the lab's inventory, e.g. C(-e ansible_connection=meshkit.cluster.netns).
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 version_added: 0.1.0
 options:
   lab_dir:

@@ -24,6 +24,7 @@ import shlex
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import plan_contract
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import MASTER_PORT, MESHCCL_PORT
 
 MESHCCL_FORMAT = "meshccl-hostfile"
 MESHCCL_VERSION = 1
@@ -246,8 +247,8 @@ def render(
     nccl: dict[str, dict[str, str]],
     cluster: str,
     ranks_per_host: int = 1,
-    master_port: int = 29500,
-    meshccl_port: int = 29600,
+    master_port: int = MASTER_PORT,
+    meshccl_port: int = MESHCCL_PORT,
     mlx_starting_port: int = 32323,
     envs: list[str] | None = None,
     host: str | None = None,

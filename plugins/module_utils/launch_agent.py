@@ -1196,5 +1196,5 @@ def main() -> int:
     return agent.run()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the launcher runs this file's source as the host's launch supervisor
+    raise SystemExit(main())

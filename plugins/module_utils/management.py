@@ -35,6 +35,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL
+
 if TYPE_CHECKING:  # annotations only: modules run on the hosts' Pythons (3.8 and later)
     from collections.abc import Callable, Iterable
     from typing import Optional
@@ -443,6 +445,6 @@ def refuse_pool(host: str, pool: str, conflicts: list[str]) -> str:
     return (
         f"{host}: the cable address pool meshkit_address_pool = {pool!r} overlaps what this host already has: "
         f"{'; '.join(conflicts)}. A cable's /32 route could shadow it (and cut the management connection). "
-        "Pick a pool that overlaps no address or route on any host (the default 198.18.128.0/17 is reserved "
+        f"Pick a pool that overlaps no address or route on any host (the default {DEFAULT_POOL} is reserved "
         "for benchmarking networks); nothing was changed on any host"
     )

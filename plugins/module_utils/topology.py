@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL
 from ansible_collections.meshkit.cluster.plugins.module_utils.naming import natural_key
 
 # networkx is a requirement of the controller, where the plan is made (cabling_plan fails with
@@ -34,7 +35,6 @@ else:
 BACKENDS = ("", "ring", "jaccl", "jaccl-ring")
 RDMA_BACKENDS = ("jaccl", "jaccl-ring")
 RDMA_RUNBOOKS = "docs/runbooks/rdma-macos.md (macOS) or docs/runbooks/roce-nccl.md (Linux)"
-DEFAULT_POOL = "198.18.128.0/17"
 # Above this many hosts the exhaustive search for a ring through every host
 # gives up (a mesh never needs it; sparse real clusters are far smaller).
 RING_SEARCH_BUDGET = 200_000

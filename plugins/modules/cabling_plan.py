@@ -33,9 +33,9 @@ options:
     type: dict
     required: true
   pool:
-    description: IPv4 pool the cable networks come from.
+    description: IPv4 pool the cable networks come from (the inventory's C(meshkit_address_pool)).
     type: str
-    default: 198.18.128.0/17
+    required: true
   backend:
     description: Backend asked for; empty picks the best the cabling allows and never fails.
     type: str
@@ -106,7 +106,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "discovery": {"type": "dict", "required": True},
-            "pool": {"type": "str", "default": "198.18.128.0/17"},
+            "pool": {"type": "str", "required": True},
             "backend": {"type": "str", "default": "", "choices": ["", "ring", "jaccl", "jaccl-ring"]},
             "rdma": {"type": "raw", "default": False},
             "save": {"type": "bool", "default": True},

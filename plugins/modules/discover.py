@@ -35,10 +35,11 @@ attributes:
     support: none
 options:
   peer_ports:
-    description: Interface name patterns of candidate peer ports (Linux).
+    description: Interface name patterns of candidate peer ports (Linux); the playbooks give the inventory's
+      C(meshkit_peer_ports), or V(thunderbolt*) when that is empty.
     type: list
     elements: str
-    default: ["thunderbolt*"]
+    required: true
   probe_seconds:
     description: How long each port's probe may take.
     type: int
@@ -206,7 +207,7 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "peer_ports": {"type": "list", "elements": "str", "default": ["thunderbolt*"]},
+            "peer_ports": {"type": "list", "elements": "str", "required": True},
             **MANAGEMENT_ARGS,
             "probe_seconds": {"type": "int", "default": 1},
         },

@@ -62,13 +62,13 @@ options:
     type: int
     default: 1
   master_port:
-    description: torchrun rendezvous port.
+    description: torchrun rendezvous port (the inventory's C(meshkit_master_port)).
     type: int
-    default: 29500
+    required: true
   meshccl_port:
-    description: First meshccl listen port; local rank k listens on this plus k.
+    description: First meshccl listen port; local rank k listens on this plus k (C(meshkit_meshccl_port)).
     type: int
-    default: 29600
+    required: true
   mlx_starting_port:
     description: First port of the MLX runtime ring file (as C(mlx.launch --starting-port)).
     type: int
@@ -149,8 +149,8 @@ def main() -> None:
             "gloo": {"type": "dict", "default": {}},
             "cluster": {"type": "str", "required": True},
             "ranks_per_host": {"type": "int", "default": 1},
-            "master_port": {"type": "int", "default": 29500},
-            "meshccl_port": {"type": "int", "default": 29600},
+            "master_port": {"type": "int", "required": True},
+            "meshccl_port": {"type": "int", "required": True},
             "mlx_starting_port": {"type": "int", "default": 32323},
             "envs": {"type": "list", "elements": "str", "default": []},
             "state": {"type": "str", "default": "present", "choices": ["present", "verify"]},

@@ -20,7 +20,7 @@ description:
   - Driven by the C(meshkit.cluster.lab) role (C(playbooks/lab.yml)); option names in error messages
     are the role's C(lab_*) variables.
 version_added: 0.1.0
-author: meshkit contributors
+author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:

@@ -54,13 +54,13 @@ options:
     description: Per host, the interface that carries its management address.
     type: dict
   master_port:
-    description: torch's C(MASTER_PORT).
+    description: torch's C(MASTER_PORT) (the inventory's C(meshkit_master_port)).
     type: int
-    default: 29500
+    required: true
   meshccl_port:
-    description: meshccl's first port; local rank k listens on this plus k.
+    description: meshccl's first port; local rank k listens on this plus k (C(meshkit_meshccl_port)).
     type: int
-    default: 29600
+    required: true
   bin_dirs:
     description: Per host, a directory put in front of the ranks' C(PATH) (meshccl's virtual environment), unless
       the job's own environment sets C(PATH).

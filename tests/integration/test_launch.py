@@ -908,8 +908,13 @@ def test_the_built_collection_installed_into_an_empty_directory_runs_setup(lab, 
     )  # fmt: skip
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
-    # The installed copy ran (its own meshccl sources, its own roles), and changed nothing.
-    assert "ansible_collections/meshkit/cluster" in sh("ansible-galaxy", "collection", "list").stdout
+    # That configuration finds the installed copy only (the one that ran), and the run changed nothing.
+    doc = subprocess.run(
+        ["ansible-doc", "--json", "-t", "module", "meshkit.cluster.plan_verify"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=True,
+    )  # fmt: skip
+    found = json.loads(doc.stdout)["meshkit.cluster.plan_verify"]["doc"]["filename"]
+    assert found.startswith(str(tmp_path / "collections" / "ansible_collections" / "meshkit" / "cluster")), found
     recap = [line for line in out.splitlines() if re.match(r"^node\d\s+:", line)]
     assert len(recap) == 4 and all("changed=0" in line and "failed=0" in line for line in recap), out
 

@@ -192,7 +192,9 @@ def test_staleness_tells_older_cabling_from_hand_edits():
 @pytest.fixture
 def module(monkeypatch):
     patch_exits(monkeypatch)
-    return lambda check=False, **args: run_module(hostfiles_module, args, check)
+    # The ports come from the inventory (setup.yml passes them; the module has no defaults of its own).
+    ports = {"master_port": 29500, "meshccl_port": 29600}
+    return lambda check=False, **args: run_module(hostfiles_module, ports | args, check)
 
 
 def test_module_writes_once_then_is_idempotent_then_detects_an_older_cabling(module, tmp_path):

@@ -23,6 +23,7 @@ def test_defaults_are_filled_in():
     expected = DEFAULTS | {
         "meshkit_meshccl_venv": "/var/lib/meshkit/meshccl",
         "meshkit_artifacts_dir": os.path.join(os.getcwd(), "artifacts", "cluster"),
+        "meshkit_discover_ports": ["thunderbolt*"],  # derived: what discovery probes
     }
     assert normalised["node1"] == expected
     assert normalised["node2"] == expected  # non-meshkit variables are not validated or returned

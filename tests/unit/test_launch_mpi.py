@@ -344,8 +344,9 @@ def test_connection_from_ansibles_resolved_ssh_options(tmp_path):
     assert "StrictHostKeyChecking=no" not in conn["args"]
     assert conn["args"][-1] == f"ControlPath={tmp_path / 'cp'}/mk-%C"
     # The user's own choice to turn host key checking off is followed, as Ansible follows it.
-    assert "StrictHostKeyChecking=no" in launch_connection.connection_for(
-        "node1", {}, ssh=options | {"host_key_checking": False}
-    )["args"]
+    assert (
+        "StrictHostKeyChecking=no"
+        in launch_connection.connection_for("node1", {}, ssh=options | {"host_key_checking": False})["args"]
+    )
     with pytest.raises(launch_connection.ConnectionError_, match="become_method su is not one"):
         launch_connection.connection_for("node1", {}, ssh=options, become={"method": "su", "user": "root"})

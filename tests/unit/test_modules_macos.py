@@ -231,6 +231,8 @@ def test_bridge_detach_failing_command_stops_and_is_named(mac):
 
 
 # ---- discover ---------------------------------------------------------------------------------
+
+PATTERNS = ["thunderbolt*"]  # what the playbooks pass when meshkit_peer_ports is empty (macOS finds its own ports)
 DISCOVER_ANSWERS = {
     ("networksetup", "-listallhardwareports"): real(
         "networksetup_listallhardwareports_macbookpro_m5max_anonymized.txt"
@@ -247,7 +249,9 @@ DISCOVER_READS = [
 
 @pytest.mark.parametrize("check_mode", [False, True])
 def test_discover_reports_every_thunderbolt_port(mac, check_mode):
-    result, fake = mac(discover, {"management_address": MGMT}, DISCOVER_ANSWERS, check_mode=check_mode)
+    result, fake = mac(
+        discover, {"management_address": MGMT, "peer_ports": PATTERNS}, DISCOVER_ANSWERS, check_mode=check_mode
+    )
     assert fake.calls == [*DISCOVER_READS, *HOST_READS]
     assert result["changed"] is False
     assert result["platform"] == "Darwin"
@@ -264,7 +268,7 @@ def test_discover_reports_every_thunderbolt_port(mac, check_mode):
 
 
 def test_discover_leaves_out_the_management_port(mac):
-    result, fake = mac(discover, {"management_interface": "en2"}, DISCOVER_ANSWERS)
+    result, fake = mac(discover, {"management_interface": "en2", "peer_ports": PATTERNS}, DISCOVER_ANSWERS)
     assert fake.calls == [*DISCOVER_READS, *HOST_READS]
     assert [p["port"] for p in result["ports"]] == ["en1", "en6"]
     assert result["management_interface"] == "en2"
@@ -272,7 +276,7 @@ def test_discover_leaves_out_the_management_port(mac):
 
 def test_discover_failure_fails_the_module(mac):
     answers = {**DISCOVER_ANSWERS, ("system_profiler", "SPThunderboltDataType", "-json"): (1, "", "boom\n")}
-    result, fake = mac(discover, {"management_address": MGMT}, answers, expect=FailJson)
+    result, fake = mac(discover, {"management_address": MGMT, "peer_ports": PATTERNS}, answers, expect=FailJson)
     assert result["msg"] == "system_profiler SPThunderboltDataType -json failed (rc=1): boom"
     assert fake.mutating == []
 

@@ -36,7 +36,8 @@ def test_topology_imports_without_networkx(without_networkx):
 def test_cabling_plan_names_the_missing_library(without_networkx, monkeypatch, tmp_path):
     _bare, module = without_networkx
     patch_exits(monkeypatch)
-    ok, result = run_module(module, {"discovery": {"node1": []}, "record": str(tmp_path / "plan.json")})
+    args = {"discovery": {"node1": []}, "pool": "198.18.128.0/17", "record": str(tmp_path / "plan.json")}
+    ok, result = run_module(module, args)
     assert not ok
     assert "Failed to import the required Python library (networkx)" in result["msg"]
     assert "import networkx" in result["exception"]

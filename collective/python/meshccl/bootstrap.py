@@ -201,7 +201,7 @@ def one_host_hostfile(n: int, base_port: int, host: str = "local") -> dict[str, 
 def _split_endpoint(where: str, text: Any) -> Endpoint:
     if not isinstance(text, str) or ":" not in text:
         _fail(where, f"{text!r} is not 'ip:port'")
-    host, _, port = text.rpartition(":")
+    host, _sep, port = text.rpartition(":")
     try:
         port_n = int(port)
     except ValueError:
@@ -234,7 +234,7 @@ def plan_from_mlx_hostfile(data: Any, rank: int, source: str = "MLX_HOSTFILE") -
     plan.ring = True
     plan.ring_links = min(len(h) for h in hosts)
     # The file names no hosts: two ranks listening on the same addresses share a host.
-    ips = [{a for a, _ in h} for h in hosts]
+    ips = [{a for a, _port in h} for h in hosts]
     plan.same_host = {r for r in plan.peers if ips[r] == ips[rank]}
     return plan
 
