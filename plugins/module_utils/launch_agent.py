@@ -215,6 +215,57 @@ def preflight(
     return {"program": program, "interpreter": interpreter, "script": script, "problems": problems}
 
 
+# --- link state: which interfaces may be cables (linux_net uses these; one definition) ---------
+
+
+def matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def protected(all_links: list[dict[str, Any]], mgmt: str | None) -> set[str]:
+    """The management interface and every interface it depends on: the device a VLAN or macvlan
+    rests on (``link``), recursively, and the ports of a bond or bridge it is (``master``). None of
+    them is ever a peer port: a change to one cuts the management connection too."""
+    if not mgmt:
+        return set()
+    lower = {link["ifname"]: link.get("link") for link in all_links}
+    members: dict[str, list[str]] = {}
+    for link in all_links:
+        if link.get("master"):
+            members.setdefault(link["master"], []).append(link["ifname"])
+    out: set[str] = set()
+    todo = [mgmt]
+    while todo:
+        name = todo.pop()
+        if not name or name in out:
+            continue
+        out.add(name)
+        if lower.get(name) in lower:  # a lower device in this namespace (a veth's peer elsewhere is not)
+            todo.append(lower[name])
+        todo.extend(members.get(name, []))
+    return out
+
+
+def has_carrier(link: dict[str, Any]) -> bool:
+    """Up, and with carrier (a cable plugged in and its far end up)."""
+    flags = link.get("flags") or []
+    return "UP" in flags and "LOWER_UP" in flags
+
+
+def candidate_ports(all_links: list[dict[str, Any]], patterns: list[str], mgmt: str | None) -> list[dict[str, Any]]:
+    """Interfaces that may be peer ports: matching ``patterns``, never a bridge, ``lo``, the
+    management interface or anything it depends on (see ``protected``)."""
+    keep_off = protected(all_links, mgmt) | {"lo"}
+    out = []
+    for link in all_links:
+        name = link["ifname"]
+        kind = link.get("linkinfo", {}).get("info_kind")
+        if name in keep_off or kind == "bridge" or not matches(name, patterns):
+            continue
+        out.append(link)
+    return sorted(out, key=lambda link: link["ifname"])
+
+
 def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as handle:
@@ -228,7 +279,7 @@ def _ip(commands: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
     "route get ADDRESS" the device the route leaves through."""
     try:
         out = subprocess.run(
-            ["ip", "-j", "-force", "-batch", "-"],
+            ["ip", "-j", "-d", "-force", "-batch", "-"],  # -d: each link's kind (a bridge is never a cable)
             input="\n".join(commands) + "\n",
             capture_output=True,
             text=True,
@@ -317,7 +368,7 @@ def host_facts(spec: dict) -> dict:
             continue
         ports[port] = {
             "exists": True,
-            "up": "LOWER_UP" in (info.get("flags") or []) and "UP" in (info.get("flags") or []),
+            "up": has_carrier(info),
             "mac": (info.get("address") or "").lower(),
             "addresses": [
                 f"{a.get('local')}/{a.get('prefixlen')}"
@@ -333,16 +384,13 @@ def host_facts(spec: dict) -> dict:
     if management:
         info = interfaces.get(management)
         facts["management_up"] = bool(info) and "UP" in (info.get("flags") or [])
-    unplanned = []
-    for name, info in interfaces.items():
-        if not name or name in planned or name in (management, "lo"):
-            continue
-        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in spec.get("peer_ports") or []):
-            continue
-        if os.path.exists(f"/sys/class/net/{name}/bridge") or info.get("master"):
-            continue  # a bridge, or a port in one: discovery does not count these as cables
-        if "LOWER_UP" in (info.get("flags") or []):
-            unplanned.append(name)
+    # Cables the plan does not have: what discovery would probe (candidate_ports, as linux_net
+    # uses it), outside any bridge, with carrier.
+    unplanned = [
+        info["ifname"]
+        for info in candidate_ports(list(interfaces.values()), spec.get("peer_ports") or [], management or None)
+        if info["ifname"] not in planned and not info.get("master") and has_carrier(info)
+    ]
     facts["unplanned"] = sorted(unplanned)
     return facts
 

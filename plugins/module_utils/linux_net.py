@@ -9,7 +9,6 @@ lists are testable without a host.
 
 from __future__ import annotations
 
-import fnmatch
 import ipaddress
 import json
 import os
@@ -20,6 +19,19 @@ if TYPE_CHECKING:  # annotations only: modules run on the hosts' Pythons (3.8 an
     from collections.abc import Callable
 
     Run = Callable[[list[str]], tuple[int, str, str]]
+
+
+# Which interfaces may be cables, and which never are (the management interface and what it rests
+# on), is defined once, in the launch agent: it runs standalone on the hosts (the launcher sends its
+# source), and `meshkit launch`'s per-host check must judge links exactly as discovery does.
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import (
+    candidate_ports,
+    has_carrier,
+    matches,
+    protected,
+)
+
+__all__ = ["candidate_ports", "has_carrier", "matches", "protected"]
 
 
 class NetError(RuntimeError):
@@ -57,34 +69,6 @@ def routes_by_device(run: Run) -> dict[str, list[dict[str, Any]]]:
 
 def neighbours(run: Run) -> list[dict[str, Any]]:
     return _json(run, ["ip", "-j", "-6", "neigh", "show"])
-
-
-def matches(name: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-def protected(all_links: list[dict[str, Any]], mgmt: str | None) -> set[str]:
-    """The management interface and every interface it depends on: the device a VLAN or macvlan
-    rests on (``link``), recursively, and the ports of a bond or bridge it is (``master``). None of
-    them is ever a peer port: a change to one cuts the management connection too."""
-    if not mgmt:
-        return set()
-    lower = {link["ifname"]: link.get("link") for link in all_links}
-    members: dict[str, list[str]] = {}
-    for link in all_links:
-        if link.get("master"):
-            members.setdefault(link["master"], []).append(link["ifname"])
-    out: set[str] = set()
-    todo = [mgmt]
-    while todo:
-        name = todo.pop()
-        if not name or name in out:
-            continue
-        out.add(name)
-        if lower.get(name) in lower:  # a lower device in this namespace (a veth's peer elsewhere is not)
-            todo.append(lower[name])
-        todo.extend(members.get(name, []))
-    return out
 
 
 def refuse_if_management(mgmt: str | None, bridge: str, by_name: dict[str, dict[str, Any]]) -> str | None:
@@ -135,20 +119,6 @@ def plan_bridge(all_links: list[dict[str, Any]], bridge: str, patterns: list[str
     if not result["kept"] and "UP" in by_name[bridge].get("flags", []):
         result["commands"].append(["ip", "link", "set", "dev", bridge, "down"])
     return result
-
-
-def candidate_ports(all_links: list[dict[str, Any]], patterns: list[str], mgmt: str | None) -> list[dict[str, Any]]:
-    """Interfaces that may be peer ports: matching ``patterns``, never a bridge, ``lo``, the
-    management interface or anything it depends on (see ``protected``)."""
-    keep_off = protected(all_links, mgmt) | {"lo"}
-    out = []
-    for link in all_links:
-        name = link["ifname"]
-        kind = link.get("linkinfo", {}).get("info_kind")
-        if name in keep_off or kind == "bridge" or not matches(name, patterns):
-            continue
-        out.append(link)
-    return sorted(out, key=lambda link: link["ifname"])
 
 
 def plan_peer_links(

@@ -26,7 +26,6 @@ Plain Python: commands through ``run(argv) -> (rc, out, err)``, name resolution 
 
 from __future__ import annotations
 
-import fnmatch
 import ipaddress
 import json
 import os
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL
+from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import matches
 
 if TYPE_CHECKING:  # annotations only: modules run on the hosts' Pythons (3.8 and later)
     from collections.abc import Callable, Iterable
@@ -396,10 +396,6 @@ def decide(host: str, override: str | None, found: list[Finding], net: HostNet) 
             "for this host in the inventory to the one SSH arrives on"
         )
     return named[0]
-
-
-def matches(name: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def pool_conflicts(

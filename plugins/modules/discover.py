@@ -159,7 +159,7 @@ def discover_linux(module, run, params: dict) -> tuple[list[dict], str | None]:
     if probe:
         # Only ports with carrier will get a link-local address; an unplugged one is not waited for
         # (nor is its probe's failure news: it has no cable).
-        carrier = [p["ifname"] for p in probe if "LOWER_UP" in p.get("flags", [])]
+        carrier = [p["ifname"] for p in probe if linux_net.has_carrier(p)]
         wait_for_link_local(run, carrier, 10)
         errors = probe_linux(module, carrier, params["probe_seconds"])
     for port, why in sorted(errors.items()):
