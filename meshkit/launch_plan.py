@@ -19,7 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
-from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import MASTER_PORT, MESHCCL_PORT
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import (
+    MASTER_PORT,
+    MESHCCL_PORT,
+    MLX_STARTING_PORT,
+)
 from cerberus import Validator
 
 RUNTIMES = ("meshccl", "mlx", "torch", "mpi", "plain")
@@ -159,7 +163,7 @@ def build(
     own env sets PATH."""
     runtime = settings.get("runtime") or "meshccl"
     per_host = int(settings.get("ranks_per_host") or 1)
-    mlx_port = int(settings.get("mlx_port") or 32323)
+    mlx_port = int(settings.get("mlx_port") or MLX_STARTING_PORT)
     nccl = nccl or {}
     management_interface = management_interface or {}
     order = hostfiles.ring_order(plan)

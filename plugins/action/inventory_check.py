@@ -27,10 +27,20 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         hosts = self._task.args.get("hosts") or task_vars.get("ansible_play_hosts_all", [])
         hostvars = task_vars["hostvars"]
+        # A meshkit_* variable of the play itself (its vars:, import_playbook's vars:, a role's) holds for
+        # every host, over the inventory's (Ansible's precedence); hostvars do not carry play variables.
+        me = task_vars.get("inventory_hostname")
+        own = hostvars.get(me, {})
+        play = {}
+        for key in task_vars:
+            if key.startswith("meshkit_"):
+                value = self._templar.template(task_vars[key])
+                if key not in own or own[key] != value:
+                    play[key] = value
         given = {}
         for host in hosts:
             hv = hostvars[host]
-            given[host] = {key: hv[key] for key in hv if key.startswith("meshkit_")}
+            given[host] = {**{key: hv[key] for key in hv if key.startswith("meshkit_")}, **play}
         normalised, problems = validate_hosts(given)
         result["changed"] = False
         result["problems"] = problems

@@ -38,6 +38,9 @@ DEFAULTS: dict[str, Any] = {
 # an empty meshkit_peer_ports still means "every member" to the bridge role).
 DISCOVER_PORTS: list[str] = ["thunderbolt*"]
 
+# Not an inventory variable: the first port of MLX's ring file, mlx.launch's own --starting-port.
+MLX_STARTING_PORT: int = 32323
+
 DEFAULT_POOL: str = DEFAULTS["meshkit_address_pool"]
 MASTER_PORT: int = DEFAULTS["meshkit_master_port"]
 MESHCCL_PORT: int = DEFAULTS["meshkit_meshccl_port"]

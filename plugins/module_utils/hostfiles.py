@@ -24,7 +24,11 @@ import shlex
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import plan_contract
-from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import MASTER_PORT, MESHCCL_PORT
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import (
+    MASTER_PORT,
+    MESHCCL_PORT,
+    MLX_STARTING_PORT,
+)
 
 MESHCCL_FORMAT = "meshccl-hostfile"
 MESHCCL_VERSION = 1
@@ -90,7 +94,10 @@ def mlx_hostfile(plan: dict[str, Any], ssh: dict[str, str], envs: list[str] | No
 
 
 def mlx_ring_runtime(
-    hostfile: dict[str, Any], starting_port: int = 32323, connections_per_ip: int = 1, ranks_per_host: int = 1
+    hostfile: dict[str, Any],
+    starting_port: int = MLX_STARTING_PORT,
+    connections_per_ip: int = 1,
+    ranks_per_host: int = 1,
 ) -> list:
     """The ``MLX_HOSTFILE`` runtime ring file, numbered as mlx.launch numbers it. With several ranks
     per host, a host's first rank listens on its cable addresses facing the previous host (as
@@ -249,7 +256,7 @@ def render(
     ranks_per_host: int = 1,
     master_port: int = MASTER_PORT,
     meshccl_port: int = MESHCCL_PORT,
-    mlx_starting_port: int = 32323,
+    mlx_starting_port: int = MLX_STARTING_PORT,
     envs: list[str] | None = None,
     host: str | None = None,
     gloo: dict[str, str] | None = None,

@@ -70,9 +70,68 @@ EXAMPLES = r"""
 
 RETURN = r"""
 plan:
-  description: The topology model - hosts, cables with per-end addresses, ring, rings, mesh, backend, per-host ports.
+  description:
+    - The topology model, sealed as C(plan.json) records it (the contract M(meshkit.cluster.plan_verify) loads).
   returned: success
   type: dict
+  contains:
+    format:
+      description: Always C(meshkit-plan).
+      type: str
+      sample: meshkit-plan
+    version:
+      description: Version of the plan format; a launch refuses any other.
+      type: int
+      sample: 2
+    fingerprint:
+      description: SHA-256 over everything a hostfile or a launch depends on (the backend included).
+      type: str
+      sample: "sha256:0b4f..."
+    hosts:
+      description: Hosts of the plan.
+      type: list
+      elements: str
+      sample: [node1, node2, node3]
+    cables:
+      description: Every cable - its two ends (host, port, address, identity, speed, RDMA device) and its /30.
+      type: list
+      elements: dict
+      sample: [{"ends": [{"host": "node1", "port": "tb0", "address": "198.18.128.1", "ident": "02:00:00:00:01:00",
+                          "speed": "40000", "rdma": null},
+                         {"host": "node2", "port": "tb0", "address": "198.18.128.2", "ident": "02:00:00:00:02:00",
+                          "speed": "40000", "rdma": null}],
+                "network": "198.18.128.0/30"}]
+    ring:
+      description: Hosts in ring order (empty without a ring through every host).
+      type: list
+      elements: str
+      sample: [node1, node2, node3]
+    rings:
+      description: Disjoint rings of cables (parallel rings where cables are doubled).
+      type: list
+      elements: list
+      sample: [["node1:tb0 <-> node2:tb0", "node2:tb1 <-> node3:tb0", "node1:tb1 <-> node3:tb1"]]
+    mesh:
+      description: Whether every pair of hosts has a cable.
+      type: bool
+      sample: true
+    backend:
+      description: MLX backend (C(ring), C(jaccl), C(jaccl-ring)); empty without a ring through every host.
+      type: str
+      sample: ring
+    backend_reason:
+      description: Why this backend.
+      type: str
+      sample: ring through 3 hosts (no RDMA)
+    per_host:
+      description: Per host, every port's address, prefix, network and peer.
+      type: dict
+      sample: {"node1": [{"port": "tb0", "address": "198.18.128.1", "prefix": 30, "network": "198.18.128.0/30",
+                          "peer_host": "node2", "peer_port": "tb0", "peer_address": "198.18.128.2"}]}
+    rdma_ports:
+      description: Per host, the ports the backend runs RDMA over.
+      type: dict
+      sample: {"node1": []}
 changes:
   description:
     - Cables added and removed against the last recorded plan (C(added), C(removed)), and for each

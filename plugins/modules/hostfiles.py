@@ -128,6 +128,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import MLX_STARTING_PORT
 
 
 def read(path: str) -> str | None:
@@ -151,7 +152,7 @@ def main() -> None:
             "ranks_per_host": {"type": "int", "default": 1},
             "master_port": {"type": "int", "required": True},
             "meshccl_port": {"type": "int", "required": True},
-            "mlx_starting_port": {"type": "int", "default": 32323},
+            "mlx_starting_port": {"type": "int", "default": MLX_STARTING_PORT},
             "envs": {"type": "list", "elements": "str", "default": []},
             "state": {"type": "str", "default": "present", "choices": ["present", "verify"]},
         },

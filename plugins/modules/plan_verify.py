@@ -51,53 +51,24 @@ EXAMPLES = r"""
 
 RETURN = r"""
 plan:
-  description: The plan as C(setup.yml) recorded it (validated).
+  description:
+    - The plan as C(setup.yml) recorded it, validated; its fields are those of M(meshkit.cluster.cabling_plan)'s
+      C(plan).
   returned: success
   type: dict
   contains:
-    format:
-      description: Always C(meshkit-plan).
-      type: str
-      sample: meshkit-plan
     version:
-      description: Version of the plan format.
+      description: Version of the plan format (this meshkit reads 2).
       type: int
       sample: 2
     fingerprint:
-      description: SHA-256 over everything a hostfile or a launch depends on; the hostfiles carry the same.
+      description: The plan's fingerprint; every host's hostfiles must carry the same.
       type: str
       sample: "sha256:5f0c..."
-    hosts:
-      description: The planned hosts.
-      type: list
-      elements: str
-      sample: [node1, node2, node3]
     backend:
-      description: MLX backend the cabling was planned for (empty when there is no ring through every host).
+      description: The backend the cabling was planned for; hostfiles made for another are refused.
       type: str
       sample: jaccl-ring
-    cables:
-      description: Every cable, its two ends (host, port, address, identity, speed, RDMA device) and its network.
-      type: list
-      elements: dict
-      sample: [{"ends": [{"host": "node1", "port": "tb0", "address": "198.18.128.1", "ident": "02:00:00:00:01:00",
-                          "speed": "40000", "rdma": "rdma_en2"},
-                         {"host": "node2", "port": "tb1", "address": "198.18.128.2", "ident": "02:00:00:00:02:01",
-                          "speed": "40000", "rdma": "rdma_en3"}],
-                "network": "198.18.128.0/30"}]
-    ring:
-      description: Hosts in ring order (empty without a ring through every host).
-      type: list
-      elements: str
-      sample: [node1, node2, node3]
-    per_host:
-      description: Per host, what it applies on each port (address, prefix, peer).
-      type: dict
-      sample: {"node1": [{"port": "tb0", "address": "198.18.128.1", "prefix": 30, "peer_host": "node2"}]}
-    rdma_ports:
-      description: Per host, the ports the backend runs RDMA over.
-      type: dict
-      sample: {"node1": ["tb0", "tb1"]}
 differences:
   description: How the live cabling differs from the plan, one line per cable end (empty on success).
   returned: always
