@@ -20,7 +20,9 @@ import json
 import math
 import os
 import shlex
+import stat
 import sys
+import tempfile
 from typing import Any
 
 SSH = ("ssh", "ansible.builtin.ssh", "smart", "ansible.legacy.ssh")
@@ -123,8 +125,7 @@ def connection_for(
     if ssh.get("host_key_checking") is False:
         # The user's own configuration turned it off (never meshkit's default): as Ansible does.
         args += ["-o", "StrictHostKeyChecking=no"]
-    control_dir = os.path.expanduser(str(ssh.get("control_path_dir") or "~/.ansible/cp"))
-    os.makedirs(control_dir, mode=0o700, exist_ok=True)
+    control_dir = private_control_dir(os.path.expanduser(str(ssh.get("control_path_dir") or "~/.ansible/cp")))
     # Our own master per host (not Ansible's, whose socket name is its own hash): a second launch
     # within a minute skips the SSH handshake.
     args += ["-o", "ControlMaster=auto", "-o", "ControlPersist=60s", "-o", f"ControlPath={control_dir}/mk-%C"]
@@ -138,6 +139,28 @@ def connection_for(
         "python": python,
         **extra,
     }
+
+
+# A Unix socket's path must fit sun_path (108 bytes with its NUL); ours is <dir>/mk-<40 hex digits>.
+SOCKET_PATH_MAX = 107
+CONTROL_NAME_LENGTH = len("/mk-") + 40
+
+
+def private_control_dir(wanted: str) -> str:
+    """The directory of meshkit's ssh control sockets: ``wanted`` (Ansible's control_path_dir), or,
+    when a socket there would not fit a Unix socket path, a short one of this user's in the temporary
+    directory. Either must be this user's alone (0700), or no master is made there: refused."""
+    path = wanted
+    if len(wanted) + CONTROL_NAME_LENGTH > SOCKET_PATH_MAX:
+        path = os.path.join(tempfile.gettempdir(), f"meshkit-cp-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ConnectionError_(
+            f"{path} (for ssh control sockets) is not a directory of this user's alone (mode 0700); "
+            "remove it or set ansible_control_path_dir to one that is"
+        )
+    return path
 
 
 def become_argv(connection: dict[str, Any]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import re
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -365,3 +366,40 @@ def test_names_resolve_on_the_controller_and_on_the_hosts(make_lab):
     assert hosts_blocks(first.name) == []
     assert len(hosts_blocks(second.name)) == 1
     assert sh("getent", "hosts", f"node1.{first.name}.meshkit.test", check=False).returncode != 0
+
+
+def test_the_meshkit_command_builds_converges_launches_and_removes_a_lab_outside_the_checkout(tmp_path):
+    """`meshkit lab`, `meshkit setup`, `meshkit launch`, `meshkit lab --down` run from a directory that is
+    not the checkout, with no ansible.cfg there: the lab's inventory and the artifacts go under it."""
+    from .conftest import ENV, new_lab, release_subnet
+
+    handle = new_lab(lab_size=2, lab_shape="ring")
+    env = {k: v for k, v in ENV.items() if k not in ("ANSIBLE_CONFIG", "ANSIBLE_HOME")}
+    env["MESHKIT_LAUNCH_CACHE"] = str(tmp_path / "cache")
+    meshkit = str(REPO / ".venv" / "bin" / "meshkit")
+    names = ["-e", f"lab_name={handle.name}", "-e", f"lab_mgmt_subnet={handle.subnet}"]
+
+    def run(*argv: str) -> str:
+        proc = subprocess.run(
+            [meshkit, *argv], capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+            stdin=subprocess.DEVNULL, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout + proc.stderr
+
+    try:
+        run("lab", *names, "-e", "lab_size=2", "-e", "lab_shape=ring")
+        inventory = tmp_path / "inventory" / f"{handle.name}.yml"
+        assert inventory.is_file() and (tmp_path / ".lab" / handle.name).is_dir()
+        out = run("setup", "-i", str(inventory), "--diff")
+        assert re.search(r"node2\s+:\s+ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", out), out
+        artifacts = tmp_path / "artifacts" / f"lab-{handle.name}"
+        assert (artifacts / "plan.json").is_file() and (artifacts / "hostfiles" / "manifest.json").is_file()
+        again = run("setup", "-i", str(inventory), "--check")
+        assert re.findall(r"changed=(\d+)", again) == ["0", "0"], again
+        out = run("launch", "-i", str(inventory), "-r", "plain", "--no-stdin", "--", "hostname")
+        assert "all 2 ranks exited 0" in out and str(artifacts / "launch") in out, out
+    finally:
+        run("lab", "--down", *names)
+        release_subnet(handle.subnet)
+    assert not [n for n in sh("ip", "netns", "list").stdout.split() if n.startswith(f"{handle.name}-")]

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -331,22 +332,41 @@ def test_shell_argv_per_connection_kind():
     assert launch_connection.shell_argv({"kind": "nsenter", "pid": 7} | become, "c")[-9:] == [*sudo, "sh", "-c", "c"]
 
 
-def test_connection_from_ansibles_resolved_ssh_options(tmp_path):
+@pytest.fixture
+def short_dir():
+    """A directory with a short path (pytest's own are too long for a control socket's)."""
+    path = Path(tempfile.mkdtemp(prefix="mk"))
+    yield path
+    shutil.rmtree(path)
+
+
+def test_connection_from_ansibles_resolved_ssh_options(tmp_path, short_dir):
     """What Ansible resolved for its ssh connection (ansible.cfg, environment, host variables)."""
     options = {
         "host": "node1.example", "port": 2222, "remote_user": "admin", "private_key_file": "/keys/id",
         "ssh_args": "-C -o ControlMaster=auto", "ssh_common_args": "-o UserKnownHostsFile=/kh",
-        "ssh_extra_args": "-o LogLevel=ERROR", "host_key_checking": True, "control_path_dir": str(tmp_path / "cp"),
+        "ssh_extra_args": "-o LogLevel=ERROR", "host_key_checking": True, "control_path_dir": str(short_dir / "cp"),
     }  # fmt: skip
     conn = launch_connection.connection_for("node1", {}, ssh=options)
     assert (conn["host"], conn["port"], conn["user"], conn["key"]) == ("node1.example", 2222, "admin", "/keys/id")
     assert conn["args"][:6] == ["-C", "-o", "ControlMaster=auto", "-o", "UserKnownHostsFile=/kh", "-o"]
     assert "StrictHostKeyChecking=no" not in conn["args"]
-    assert conn["args"][-1] == f"ControlPath={tmp_path / 'cp'}/mk-%C"
+    assert conn["args"][-1] == f"ControlPath={short_dir / 'cp'}/mk-%C"
     # The user's own choice to turn host key checking off is followed, as Ansible follows it.
     assert (
         "StrictHostKeyChecking=no"
         in launch_connection.connection_for("node1", {}, ssh=options | {"host_key_checking": False})["args"]
     )
+    # A control directory too deep for a Unix socket path: a short one of this user's instead.
+    deep = tmp_path / ("d" * 90)
+    short = launch_connection.connection_for("node1", {}, ssh=options | {"control_path_dir": str(deep)})
+    socket_dir = short["args"][-1].removeprefix("ControlPath=").removesuffix("/mk-%C")
+    assert len(socket_dir) + len("/mk-") + 40 <= 107 and socket_dir.endswith(f"meshkit-cp-{os.getuid()}")
+    assert os.stat(socket_dir).st_mode & 0o777 == 0o700
+    # One that others may write to is refused (a socket there could be someone else's).
+    (short_dir / "open").mkdir(mode=0o777)
+    os.chmod(short_dir / "open", 0o777)
+    with pytest.raises(launch_connection.ConnectionError_, match="not a directory of this user's alone"):
+        launch_connection.connection_for("node1", {}, ssh=options | {"control_path_dir": str(short_dir / "open")})
     with pytest.raises(launch_connection.ConnectionError_, match="become_method su is not one"):
         launch_connection.connection_for("node1", {}, ssh=options, become={"method": "su", "user": "root"})
