@@ -149,16 +149,18 @@ CONTROL_NAME_LENGTH = len("/mk-") + 40
 def private_control_dir(wanted: str) -> str:
     """The directory of meshkit's ssh control sockets: ``wanted`` (Ansible's control_path_dir), or,
     when a socket there would not fit a Unix socket path, a short one of this user's in the temporary
-    directory. Either must be this user's alone (0700), or no master is made there: refused."""
+    directory. Either must be this user's and writable by no one else, or no master is made there:
+    refused."""
     path = wanted
     if len(wanted) + CONTROL_NAME_LENGTH > SOCKET_PATH_MAX:
         path = os.path.join(tempfile.gettempdir(), f"meshkit-cp-{os.getuid()}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        # Another user who may write there could plant a socket meshkit's ssh would then use.
         raise ConnectionError_(
-            f"{path} (for ssh control sockets) is not a directory of this user's alone (mode 0700); "
-            "remove it or set ansible_control_path_dir to one that is"
+            f"{path} (for ssh control sockets) is not this user's, or others may write to it; "
+            "remove it or set ansible_control_path_dir to a directory of your own (mode 0700 or 0755)"
         )
     return path
 

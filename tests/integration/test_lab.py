@@ -5,7 +5,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -368,10 +370,21 @@ def test_names_resolve_on_the_controller_and_on_the_hosts(make_lab):
     assert sh("getent", "hosts", f"node1.{first.name}.meshkit.test", check=False).returncode != 0
 
 
-def test_the_meshkit_command_builds_converges_launches_and_removes_a_lab_outside_the_checkout(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A working directory with a short path: the lab keeps Ansible's ssh control sockets under it, and a
+    Unix socket's path must fit 108 bytes (pytest's own temporary directories are too deep)."""
+    path = Path(tempfile.mkdtemp(prefix="mk"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_meshkit_command_builds_converges_launches_and_removes_a_lab_outside_the_checkout(short_tmp):
     """`meshkit lab`, `meshkit setup`, `meshkit launch`, `meshkit lab --down` run from a directory that is
     not the checkout, with no ansible.cfg there: the lab's inventory and the artifacts go under it."""
     from .conftest import ENV, new_lab, release_subnet
+
+    tmp_path = short_tmp
 
     handle = new_lab(lab_size=2, lab_shape="ring")
     env = {k: v for k, v in ENV.items() if k not in ("ANSIBLE_CONFIG", "ANSIBLE_HOME")}

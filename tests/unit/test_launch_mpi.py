@@ -363,10 +363,13 @@ def test_connection_from_ansibles_resolved_ssh_options(tmp_path, short_dir):
     socket_dir = short["args"][-1].removeprefix("ControlPath=").removesuffix("/mk-%C")
     assert len(socket_dir) + len("/mk-") + 40 <= 107 and socket_dir.endswith(f"meshkit-cp-{os.getuid()}")
     assert os.stat(socket_dir).st_mode & 0o777 == 0o700
-    # One that others may write to is refused (a socket there could be someone else's).
+    # One that others may write to is refused (a socket there could be someone else's); 0755 is fine.
+    (short_dir / "shared").mkdir(mode=0o755)
+    os.chmod(short_dir / "shared", 0o755)
+    launch_connection.connection_for("node1", {}, ssh=options | {"control_path_dir": str(short_dir / "shared")})
     (short_dir / "open").mkdir(mode=0o777)
     os.chmod(short_dir / "open", 0o777)
-    with pytest.raises(launch_connection.ConnectionError_, match="not a directory of this user's alone"):
+    with pytest.raises(launch_connection.ConnectionError_, match="not this user's, or others may write to it"):
         launch_connection.connection_for("node1", {}, ssh=options | {"control_path_dir": str(short_dir / "open")})
     with pytest.raises(launch_connection.ConnectionError_, match="become_method su is not one"):
         launch_connection.connection_for("node1", {}, ssh=options, become={"method": "su", "user": "root"})
