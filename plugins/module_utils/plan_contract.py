@@ -9,7 +9,7 @@ host applies). launch.yml and ``meshkit launch`` load it, validate it, check the
 against it and never plan again; hostfiles carry the same fingerprint, so a hostfile made from
 another plan (another backend included) is refused by name.
 
-Plain Python (no AnsibleModule, no third-party imports): run by modules on the controller.
+Plain Python (no AnsibleModule): run by modules on the controller.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import hashlib
 import json
 from typing import Any
 
+from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS  # "": addresses only
+
 FORMAT = "meshkit-plan"
 VERSION = 2
-BACKENDS = ("", "ring", "jaccl", "jaccl-ring")  # "": no ring through every host, addresses only
 # Explanations, not inputs: they do not change what any host runs.
 DESCRIPTIVE = ("fingerprint", "backend_reason", "asymmetric", "unknown_peers", "missing_mesh")
 

@@ -901,20 +901,21 @@ def test_the_built_collection_installed_into_an_empty_directory_runs_setup(lab, 
         capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    run = subprocess.run(
-        ["ansible-playbook", "meshkit.cluster.setup", "-i", str(handle.inventory),
-         "-e", f"meshkit_artifacts_dir={artifacts}"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, check=False, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+
+    def setup() -> subprocess.CompletedProcess[str]:
+        """meshkit.cluster.setup as the installed copy has it, against the lab."""
+        return subprocess.run(
+            ["ansible-playbook", "meshkit.cluster.setup", "-i", str(handle.inventory),
+             "-e", f"meshkit_artifacts_dir={artifacts}"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    run = setup()
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     # Earlier tests took cables down and up (their host routes went with the carrier): this run may
     # have restored them. A second run from the installed copy changes nothing.
-    run = subprocess.run(
-        ["ansible-playbook", "meshkit.cluster.setup", "-i", str(handle.inventory),
-         "-e", f"meshkit_artifacts_dir={artifacts}"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, check=False, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    run = setup()
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     # That configuration finds the installed copy only (the one that ran), and the run changed nothing.
