@@ -59,7 +59,7 @@ typedef struct {
 typedef struct {
   int rank;
   int size;
-  const char* token; /* job token, checked on every connection; may be "" */
+  const char* token; /* job token: both ends of every connection prove it (never sent); "" only with allow_no_token */
   int num_listen;
   const meshccl_endpoint* listen; /* the only addresses this rank listens on */
   int num_peers;
@@ -80,6 +80,8 @@ typedef struct {
   size_t shm_ring_bytes; /* per direction and connection, a power of two */
   size_t shm_segment_bytes; /* pipeline segment when every rank is on one host; 0: segment_bytes */
   size_t single_copy_bytes; /* every rank on one host: from this size read peers' buffers directly; 0: never */
+  const char* job_id;       /* the job's name (not secret), part of every proof; may be "" */
+  int allow_no_token;       /* 1: run without a token (anyone who reaches a port can join); logged at start */
 } meshccl_config;
 
 typedef struct meshccl_comm meshccl_comm;

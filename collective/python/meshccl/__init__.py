@@ -109,7 +109,9 @@ def _numel(x: Any) -> int:
 class Communicator:
     """A connected group of ranks. Build with :func:`init` (or from a :class:`Plan`)."""
 
-    def __init__(self, plan: Plan, token: str = "", **options: Any) -> None:
+    def __init__(
+        self, plan: Plan, token: str = "", job_id: str = "", allow_no_token: bool = False, **options: Any
+    ) -> None:
         opts = {**DEFAULTS, **options}
         unknown = set(opts) - set(DEFAULTS)
         if unknown:
@@ -136,6 +138,8 @@ class Communicator:
             int(opts["shm_ring_bytes"]),
             int(opts["shm_segment_bytes"]),
             int(opts["single_copy_bytes"]),
+            job_id,
+            allow_no_token,
         )
         self.plan = plan
         self._native = _Native(config)

@@ -58,6 +58,8 @@ void meshccl_config_init(meshccl_config* c) {
   c->shm_ring_bytes = d.shmRingBytes;
   c->shm_segment_bytes = d.shmSegmentBytes;
   c->single_copy_bytes = d.singleCopyBytes;
+  c->job_id = "";
+  c->allow_no_token = 0;
 }
 
 int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error, size_t errorLen) {
@@ -102,6 +104,8 @@ int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error
     cfg.shmRingBytes = c->shm_ring_bytes;
     cfg.shmSegmentBytes = c->shm_segment_bytes;
     cfg.singleCopyBytes = c->single_copy_bytes;
+    cfg.jobId = c->job_id != nullptr ? c->job_id : "";
+    cfg.allowNoToken = c->allow_no_token != 0;
     auto comm = std::make_unique<meshccl_comm>();
     comm->ctx = std::make_unique<meshccl::Context>(std::move(cfg));
     *out = comm.release();

@@ -96,6 +96,17 @@ Context::Context(Config config) : config_(std::move(config)) {
   MESHCCL_ENFORCE(config_.timeoutSeconds > 0, "timeout must be > 0 s");
   MESHCCL_ENFORCE(config_.connectTimeoutSeconds > 0, "connect timeout must be > 0 s");
   MESHCCL_ENFORCE(config_.token.size() <= kMaxTokenBytes, "job token longer than ", kMaxTokenBytes, " bytes");
+  if (config_.token.empty() && config_.size > 1) {
+    if (!config_.allowNoToken) {
+      raise(ErrorKind::kAuth,
+            cat("rank ", config_.rank, ": no job token: without one any process that reaches a rank's port could "
+                "join this job and read or write its data. Give every rank the same secret token (meshkit launch "
+                "does; by hand: MESHCCL_TOKEN in the environment, or the config's token), or opt out explicitly "
+                "(MESHCCL_ALLOW_NO_TOKEN=1, or the config's allow_no_token) on a network you trust"));
+    }
+    log(1, cat("rank ", config_.rank, ": WARNING: running WITHOUT a job token (opted out): any process that reaches "
+               "this job's ports can join it"));
+  }
   MESHCCL_ENFORCE(config_.segmentBytes >= 4096, "segment size must be >= 4096 bytes");
   MESHCCL_ENFORCE(config_.pipelineDepth >= 1 && config_.pipelineDepth <= 64, "pipeline depth must be 1..64");
   MESHCCL_ENFORCE(config_.transport == "auto" || config_.transport == "tcp", "transport must be auto or tcp, got '",

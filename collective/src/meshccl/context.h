@@ -56,7 +56,9 @@ struct PeerSpec {
 struct Config {
   int rank = 0;
   int size = 1;
-  std::string token;              // job token: peers must present it on connect; never logged
+  std::string token;              // job token: each end of a connection proves it; never sent, never logged
+  std::string jobId;              // the job's name (not secret), mixed into every proof: other jobs' proofs fail
+  bool allowNoToken = false;      // the user's explicit opt-out: an empty token is accepted (logged at start)
   std::vector<Endpoint> listen;   // the only addresses this rank listens on
   std::vector<PeerSpec> peers;    // directly connected ranks
   int connsPerLink = 2;           // TCP connections per link

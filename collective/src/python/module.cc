@@ -182,7 +182,7 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
                            int ringConns, size_t segmentBytes, size_t smallBytes, int pipelineDepth,
                            const std::string& algorithm, int socketBuffer, int logLevel,
                            const std::string& transport, size_t shmRingBytes, size_t shmSegmentBytes,
-                           size_t singleCopyBytes) {
+                           size_t singleCopyBytes, const std::string& jobId, bool allowNoToken) {
   meshccl::Config c;
   c.rank = rank;
   c.size = size;
@@ -212,6 +212,8 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
   c.shmRingBytes = shmRingBytes;
   c.shmSegmentBytes = shmSegmentBytes;
   c.singleCopyBytes = singleCopyBytes;
+  c.jobId = jobId;
+  c.allowNoToken = allowNoToken;
   return c;
 }
 
@@ -257,7 +259,7 @@ NB_MODULE(_meshccl, m) {
         "timeout"_a, "connect_timeout"_a, "complete"_a, "ring"_a, "ring_conns"_a, "segment_bytes"_a,
         "small_bytes"_a, "pipeline_depth"_a, "algorithm"_a, "socket_buffer"_a, "log_level"_a,
         "transport"_a, "shm_ring_bytes"_a, "shm_segment_bytes"_a,
-        "single_copy_bytes"_a);
+        "single_copy_bytes"_a, "job_id"_a, "allow_no_token"_a);
   nb::class_<meshccl::Config>(m, "Config");
 
   nb::class_<Communicator>(m, "Communicator")

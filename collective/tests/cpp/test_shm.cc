@@ -1,0 +1,1 @@
+// Shared-memory link tests (segment sizing, values read from the peer): being written.
