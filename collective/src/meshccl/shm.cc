@@ -6,11 +6,14 @@
 #include <sys/uio.h>
 #endif
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <random>
 
@@ -31,7 +34,8 @@ namespace {
 
 constexpr uint32_t kSegmentMagic = 0x4d435348u;  // "MCSH"
 constexpr uint32_t kSegmentVersion = 1;
-constexpr size_t kHeaderBytes = 4096;  // segment header + both rings' positions
+constexpr size_t kHeaderBytes = ShmLayout::kHeaderBytes;
+constexpr char kNamePrefix[] = "/mccl.";
 
 struct SegmentHeader {
   uint32_t magic;
@@ -39,14 +43,13 @@ struct SegmentHeader {
   uint64_t ringBytes;
 };
 
-// Where each end says who it is, for single copy (after the rings' positions at 256..767).
+// Where each end says who it is, for single copy.
 struct ProcessSlot {
   uint64_t pid;
   uint64_t address;  // of this slot, in the publishing process
   uint64_t cookie;
 };
-constexpr size_t kCreatorSlot = 1024;
-constexpr size_t kOpenerSlot = 1536;
+static_assert(ShmLayout::kOpenerSlot + sizeof(ProcessSlot) <= kHeaderBytes, "the process slots overflow the header");
 
 size_t iovTotal(const iovec* iov, int n) {
   size_t t = 0;
@@ -54,7 +57,7 @@ size_t iovTotal(const iovec* iov, int n) {
   return t;
 }
 
-// Copies `len` bytes between the flat stream position `pos` of a ring and a buffer.
+// Copies `len` (<= cap) bytes between the flat stream position `pos` of a ring and a buffer.
 void ringCopyOut(const char* ring, size_t cap, uint64_t pos, char* dst, size_t len) {
   const size_t at = static_cast<size_t>(pos & (cap - 1));
   const size_t first = std::min(len, cap - at);
@@ -69,15 +72,69 @@ void ringCopyIn(char* ring, size_t cap, uint64_t pos, const char* src, size_t le
   if (len > first) std::memcpy(ring, src + first, len - first);
 }
 
+// "516 KiB", "1.5 MiB": sizes as a person sets them.
+std::string sizeText(uint64_t bytes) {
+  if (bytes < (uint64_t{1} << 20)) return cat((bytes + 1023) / 1024, " KiB");
+  const uint64_t tenths = (bytes * 10 + (uint64_t{1} << 19)) >> 20;
+  return tenths % 10 == 0 ? cat(tenths / 10, " MiB") : cat(tenths / 10, ".", tenths % 10, " MiB");
+}
+
+// Gives the new segment `bytes` of memory now. Linux's /dev/shm is a tmpfs of bounded size
+// (64 MiB in a default container): ftruncate alone makes a sparse file, and the first write to
+// a page the tmpfs cannot supply kills the process with SIGBUS; posix_fallocate reserves every
+// page or fails with ENOSPC. macOS has no posix_fallocate, and its POSIX shared memory is
+// ordinary virtual memory with no filesystem to fill: ftruncate is what sizes it there.
+bool reserve(int fd, size_t bytes, const std::string& name, std::string* error) {
+  const std::string hint = "give the container a larger /dev/shm (docker run --shm-size=1g) or set "
+                           "MESHCCL_SHM_RING_BYTES lower";
+#if defined(__linux__)
+  int rc = EINTR;
+  for (int tries = 0; rc == EINTR && tries < 100; ++tries) {  // a signal interrupts it: it gives back what it took
+    rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));  // returns the error; errno is not set
+  }
+  if (rc == 0) return true;
+  if (rc == ENOSPC) {
+    std::string space;
+    struct statvfs fs {};
+    if (::fstatvfs(fd, &fs) == 0) {
+      space = cat("; ", sizeText(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize), " free of ",
+                  sizeText(static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize));
+    }
+    *error = cat("/dev/shm has too little space for a ", sizeText(bytes), " segment (posix_fallocate: ",
+                 std::strerror(rc), space, "): ", hint);
+    return false;
+  }
+  if (rc != EOPNOTSUPP && rc != ENOSYS) {
+    *error = cat("reserving a ", sizeText(bytes), " shared-memory segment ", name, " failed (posix_fallocate: ",
+                 std::strerror(rc), "): ", hint);
+    return false;
+  }
+  // A /dev/shm that cannot preallocate (not a tmpfs, and a C library that does not emulate
+  // it): size it as before.
+#endif
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    *error = cat("sizing shared memory ", name, " to ", sizeText(bytes), " failed (ftruncate: ", std::strerror(errno),
+                 "): ", hint);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+bool ShmLink::validRingBytes(uint64_t ringBytes) {
+  return ringBytes >= ShmLayout::kMinRingBytes && ringBytes <= ShmLayout::kMaxRingBytes &&
+         (ringBytes & (ringBytes - 1)) == 0;
+}
 
 size_t ShmLink::segmentBytes(size_t ringBytes) { return kHeaderBytes + 2 * ringBytes; }
 
 bool ShmLink::map(int fd, size_t bytes, const std::string& name, std::string* error) {
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
   ::close(fd);  // the mapping keeps the segment
   if (base == MAP_FAILED) {
-    *error = cat("mapping shared memory ", name, ": ", std::strerror(errno));
+    *error = cat("mapping shared memory ", name, ": ", std::strerror(err));
     return false;
   }
   base_ = base;
@@ -96,14 +153,21 @@ void ShmLink::unlink() {
 }
 
 std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, std::string* error) {
-  if (ringBytes < 4096 || (ringBytes & (ringBytes - 1)) != 0) {
-    *error = cat("shared memory ring size ", ringBytes, " is not a power of two >= 4096");
+  static_assert(offsetof(Ring, head) == ShmLayout::kHeadOffset && offsetof(Ring, tail) == ShmLayout::kTailOffset &&
+                    offsetof(Ring, closed) == ShmLayout::kClosedOffset,
+                "ShmLayout names the ring positions' offsets");
+  static_assert(sizeof(Ring) <= ShmLayout::kOpenerToCreator - ShmLayout::kCreatorToOpener &&
+                    ShmLayout::kOpenerToCreator + sizeof(Ring) <= ShmLayout::kCreatorSlot,
+                "the ring positions overlap each other or the process slots");
+  if (!validRingBytes(ringBytes)) {
+    *error = cat("shared memory ring size ", ringBytes, " is not a power of two from ", ShmLayout::kMinRingBytes,
+                 " to ", ShmLayout::kMaxRingBytes, " (MESHCCL_SHM_RING_BYTES)");
     return nullptr;
   }
   // Short names: macOS allows 31 characters.
   static std::atomic<uint32_t> counter{0};
   std::random_device rd;
-  const std::string n = cat("/mccl.", ::getpid(), ".", counter++, ".", rd() % 1000000);
+  const std::string n = cat(kNamePrefix, ::getpid(), ".", counter++, ".", rd() % 1000000);
   const int fd = ::shm_open(n.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     *error = cat("shm_open(", n, "): ", std::strerror(errno));
@@ -112,10 +176,9 @@ std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, st
   std::unique_ptr<ShmLink> link(new ShmLink());
   link->name_ = n;  // unlinked by the destructor unless handed over
   const size_t bytes = segmentBytes(ringBytes);
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    *error = cat("sizing shared memory ", n, " to ", bytes, " bytes: ", std::strerror(errno));
+  if (!reserve(fd, bytes, n, error)) {
     ::close(fd);
-    return nullptr;
+    return nullptr;  // the destructor removes the name
   }
   if (!link->map(fd, bytes, n, error)) return nullptr;
   void* base = link->base_;
@@ -124,8 +187,8 @@ std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, st
   hdr->version = kSegmentVersion;
   hdr->ringBytes = ringBytes;
   char* b = static_cast<char*>(base);
-  auto* ringA = new (b + 256) Ring{};  // creator -> opener
-  auto* ringB = new (b + 512) Ring{};  // opener -> creator
+  auto* ringA = new (b + ShmLayout::kCreatorToOpener) Ring{};
+  auto* ringB = new (b + ShmLayout::kOpenerToCreator) Ring{};
   link->creator_ = true;
   link->tx_ = ringA;
   link->rx_ = ringB;
@@ -137,6 +200,16 @@ std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, st
 }
 
 std::unique_ptr<ShmLink> ShmLink::open(const std::string& name, size_t ringBytes, std::string* error) {
+  // Only ever a segment meshccl made: the name and size come from the peer.
+  if (name.compare(0, sizeof(kNamePrefix) - 1, kNamePrefix) != 0 || name.find('/', 1) != std::string::npos) {
+    *error = cat("the peer offered shared memory named '", name, "', which is not a meshccl segment");
+    return nullptr;
+  }
+  if (!validRingBytes(ringBytes)) {
+    *error = cat("the peer offered shared memory ", name, " with rings of ", ringBytes,
+                 " bytes, not a power of two from ", ShmLayout::kMinRingBytes, " to ", ShmLayout::kMaxRingBytes);
+    return nullptr;
+  }
   const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     *error = cat("shm_open(", name, "): ", std::strerror(errno));
@@ -144,82 +217,135 @@ std::unique_ptr<ShmLink> ShmLink::open(const std::string& name, size_t ringBytes
   }
   struct stat st {};
   const size_t bytes = segmentBytes(ringBytes);
-  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
-    *error = cat("shared memory ", name, " has ", st.st_size, " bytes, expected ", bytes);
+  if (::fstat(fd, &st) != 0) {
+    *error = cat("fstat of shared memory ", name, ": ", std::strerror(errno));
+    ::close(fd);
+    return nullptr;
+  }
+  // At least the size (macOS reports it rounded up to whole pages).
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+    *error = cat("shared memory ", name, " has ", st.st_size, " bytes, too few for rings of ", ringBytes, " bytes (",
+                 bytes, " needed)");
     ::close(fd);
     return nullptr;
   }
   std::unique_ptr<ShmLink> link(new ShmLink());
   if (!link->map(fd, bytes, name, error)) return nullptr;
-  void* base = link->base_;
-  const auto* hdr = static_cast<const SegmentHeader*>(base);
-  if (hdr->magic != kSegmentMagic || hdr->version != kSegmentVersion || hdr->ringBytes != ringBytes) {
-    *error = cat("shared memory ", name, " is not a meshccl segment of this version and size");
+  char* b = static_cast<char*>(link->base_);
+  SegmentHeader hdr{};
+  std::memcpy(&hdr, b, sizeof(hdr));
+  if (hdr.magic != kSegmentMagic || hdr.version != kSegmentVersion || hdr.ringBytes != ringBytes) {
+    *error = cat("shared memory ", name, " is not a meshccl segment of version ", kSegmentVersion, " with rings of ",
+                 ringBytes, " bytes (its header says magic 0x", std::hex, hdr.magic, std::dec, ", version ",
+                 hdr.version, ", rings of ", hdr.ringBytes, " bytes)");
     return nullptr;
   }
-  char* b = static_cast<char*>(base);
-  link->tx_ = std::launder(reinterpret_cast<Ring*>(b + 512));
-  link->rx_ = std::launder(reinterpret_cast<Ring*>(b + 256));
+  link->tx_ = std::launder(reinterpret_cast<Ring*>(b + ShmLayout::kOpenerToCreator));
+  link->rx_ = std::launder(reinterpret_cast<Ring*>(b + ShmLayout::kCreatorToOpener));
+  // Nothing has moved yet: the creator waits for this end's answer before it writes.
+  for (const Ring* r : {link->tx_, link->rx_}) {
+    if (r->head.load(std::memory_order_acquire) != 0 || r->tail.load(std::memory_order_acquire) != 0 ||
+        r->closed.load(std::memory_order_acquire) != 0) {
+      *error = cat("shared memory ", name, " is not fresh: its rings already hold positions");
+      return nullptr;
+    }
+  }
   link->txData_ = b + kHeaderBytes + ringBytes;
   link->rxData_ = b + kHeaderBytes;
   link->cap_ = ringBytes;
   return link;
 }
 
+void ShmLink::markCorrupt(const std::string& why) const {
+  if (corrupt_.empty()) corrupt_ = cat("shared memory ", why, ": the peer broke the ring protocol (a bug or memory "
+                                       "corruption in the peer process)");
+}
+
+// The peer's tail may only grow, and never past what this end wrote: then
+// txHead_ - tail <= cap_ follows from the same holding for txTailSeen_.
+bool ShmLink::peerTail(uint64_t* tail) const {
+  if (!corrupt_.empty()) return false;
+  const uint64_t t = tx_->tail.load(std::memory_order_acquire);
+  if (t < txTailSeen_ || t > txHead_) {
+    markCorrupt(cat("ring read position ", t, " written by the peer is outside ", txTailSeen_, "..", txHead_,
+                    " (what it had read .. what was written)"));
+    return false;
+  }
+  txTailSeen_ = t;
+  *tail = t;
+  return true;
+}
+
+// The peer's head may only grow, and never more than the ring's size past this end's tail.
+bool ShmLink::peerHead(uint64_t* head) const {
+  if (!corrupt_.empty()) return false;
+  const uint64_t h = rx_->head.load(std::memory_order_acquire);
+  if (h < rxHeadSeen_ || h - rxTail_ > cap_) {
+    markCorrupt(cat("ring write position ", h, " written by the peer is outside ", rxHeadSeen_, "..", rxTail_ + cap_,
+                    " (what it had written .. this end's read position + the ring's ", cap_, " bytes)"));
+    return false;
+  }
+  rxHeadSeen_ = h;
+  *head = h;
+  return true;
+}
+
 size_t ShmLink::write(const iovec* iov, int iovcnt) {
-  const uint64_t head = tx_->head.load(std::memory_order_relaxed);
-  const uint64_t tail = tx_->tail.load(std::memory_order_acquire);
-  const size_t room = cap_ - static_cast<size_t>(head - tail);
+  uint64_t tail = 0;
+  if (!peerTail(&tail)) return 0;
+  const size_t room = cap_ - static_cast<size_t>(txHead_ - tail);
   const size_t n = std::min(room, iovTotal(iov, iovcnt));
   if (n == 0) return 0;
   size_t done = 0;
   for (int i = 0; i < iovcnt && done < n; ++i) {
     const size_t k = std::min(iov[i].iov_len, n - done);
-    ringCopyIn(txData_, cap_, head + done, static_cast<const char*>(iov[i].iov_base), k);
+    ringCopyIn(txData_, cap_, txHead_ + done, static_cast<const char*>(iov[i].iov_base), k);
     done += k;
   }
-  tx_->head.store(head + n, std::memory_order_release);
+  txHead_ += n;
+  tx_->head.store(txHead_, std::memory_order_release);
   return n;
 }
 
 size_t ShmLink::readable() const {
-  return static_cast<size_t>(rx_->head.load(std::memory_order_acquire) - rx_->tail.load(std::memory_order_relaxed));
+  uint64_t head = 0;
+  return peerHead(&head) ? static_cast<size_t>(head - rxTail_) : 0;
 }
 
 size_t ShmLink::read(const iovec* iov, int iovcnt) {
-  const uint64_t tail = rx_->tail.load(std::memory_order_relaxed);
-  const uint64_t head = rx_->head.load(std::memory_order_acquire);
-  const size_t n = std::min(static_cast<size_t>(head - tail), iovTotal(iov, iovcnt));
+  const size_t n = std::min(readable(), iovTotal(iov, iovcnt));
   if (n == 0) return 0;
   size_t done = 0;
   for (int i = 0; i < iovcnt && done < n; ++i) {
     const size_t k = std::min(iov[i].iov_len, n - done);
-    ringCopyOut(rxData_, cap_, tail + done, static_cast<char*>(iov[i].iov_base), k);
+    ringCopyOut(rxData_, cap_, rxTail_ + done, static_cast<char*>(iov[i].iov_base), k);
     done += k;
   }
-  rx_->tail.store(tail + n, std::memory_order_release);
+  rxTail_ += n;
+  rx_->tail.store(rxTail_, std::memory_order_release);
   return n;
 }
 
 size_t ShmLink::peek(void* dst, size_t len) const {
-  const uint64_t tail = rx_->tail.load(std::memory_order_relaxed);
   const size_t n = std::min(readable(), len);
-  ringCopyOut(rxData_, cap_, tail, static_cast<char*>(dst), n);
+  if (n > 0) ringCopyOut(rxData_, cap_, rxTail_, static_cast<char*>(dst), n);
   return n;
 }
 
 void ShmLink::discard(size_t len) {
-  const uint64_t tail = rx_->tail.load(std::memory_order_relaxed);
-  rx_->tail.store(tail + std::min(len, readable()), std::memory_order_release);
+  rxTail_ += std::min(len, readable());
+  rx_->tail.store(rxTail_, std::memory_order_release);
 }
 
 void ShmLink::closeWrite() { tx_->closed.store(1, std::memory_order_release); }
 
-bool ShmLink::peerClosedWrite() const { return rx_->closed.load(std::memory_order_acquire) != 0; }
+bool ShmLink::peerClosedWrite() const {
+  return !corrupt_.empty() || rx_->closed.load(std::memory_order_acquire) != 0;
+}
 
 void ShmLink::publishProcess() {
   char* b = static_cast<char*>(base_);
-  auto* slot = reinterpret_cast<ProcessSlot*>(b + (creator_ ? kCreatorSlot : kOpenerSlot));
+  auto* slot = reinterpret_cast<ProcessSlot*>(b + (creator_ ? ShmLayout::kCreatorSlot : ShmLayout::kOpenerSlot));
   std::random_device rd;
   slot->pid = static_cast<uint64_t>(::getpid());
   slot->address = reinterpret_cast<uintptr_t>(slot);
@@ -229,9 +355,18 @@ void ShmLink::publishProcess() {
 bool ShmLink::probePeerProcess(int* pid, std::string* why) const {
   const char* b = static_cast<const char*>(base_);
   ProcessSlot theirs{};
-  std::memcpy(&theirs, b + (creator_ ? kOpenerSlot : kCreatorSlot), sizeof(theirs));
+  std::memcpy(&theirs, b + (creator_ ? ShmLayout::kOpenerSlot : ShmLayout::kCreatorSlot), sizeof(theirs));
   if (theirs.cookie == 0) {
     *why = "the peer did not publish its process";
+    return false;
+  }
+  // Its own pid is fine: ranks may be threads of one process (the C++ tests are).
+  if (theirs.pid == 0 || theirs.pid > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+    *why = cat("the peer published pid ", theirs.pid, ", which is not a process id");
+    return false;
+  }
+  if (theirs.address == 0 || theirs.address > std::numeric_limits<uint64_t>::max() - sizeof(ProcessSlot)) {
+    *why = cat("the peer published address 0x", std::hex, theirs.address, std::dec, ", which cannot hold its slot");
     return false;
   }
   ProcessSlot read{};

@@ -21,16 +21,42 @@
 
 namespace meshccl {
 
+// Where things are in a segment. The creator writes the header once; each ring position is
+// written by one end only (head by the producer, tail by the consumer); each end reads the
+// other's positions and checks them before it uses them.
+struct ShmLayout {
+  static constexpr size_t kHeaderBytes = 4096;       // header + both rings' positions + process slots
+  static constexpr size_t kCreatorToOpener = 256;    // ring positions: head, tail, closed
+  static constexpr size_t kOpenerToCreator = 512;
+  static constexpr size_t kHeadOffset = 0;           // within a ring's positions
+  static constexpr size_t kTailOffset = 64;
+  static constexpr size_t kClosedOffset = 128;
+  static constexpr size_t kCreatorSlot = 1024;       // single copy: who each end is
+  static constexpr size_t kOpenerSlot = 1536;
+  static constexpr size_t kMinRingBytes = 4096;
+  static constexpr size_t kMaxRingBytes = size_t{1} << 30;
+};
+
 class ShmLink {
  public:
   ~ShmLink();
   ShmLink(const ShmLink&) = delete;
   ShmLink& operator=(const ShmLink&) = delete;
 
-  // Creates and maps a new segment with two rings of `ringBytes` (a power of two >= 4096);
-  // `name` receives the name to hand to the peer. Returns nullptr (and `error`) on failure.
+  // A power of two from ShmLayout::kMinRingBytes to kMaxRingBytes.
+  static bool validRingBytes(uint64_t ringBytes);
+  // The segment's size for rings of `ringBytes`: the header and one ring per direction.
+  static size_t segmentBytes(size_t ringBytes);
+
+  // Creates a new segment with two rings of `ringBytes`, its memory reserved up front (Linux:
+  // posix_fallocate, so a /dev/shm too small for it is an error here, never a SIGBUS at the
+  // first write), and maps it; `name` receives the name to hand to the peer. Returns nullptr
+  // (and `error`, saying what to do) on failure: the caller then uses TCP.
   static std::unique_ptr<ShmLink> create(size_t ringBytes, std::string* name, std::string* error);
-  // Maps the peer's segment; this end writes the ring the creator reads.
+  // Maps the peer's segment; this end writes the ring the creator reads. `name` and
+  // `ringBytes` come from the peer: nullptr (and `error`) unless the name is meshccl's, the
+  // ring size valid, the segment at least as large as that size needs, and its header and
+  // positions those of a fresh meshccl segment of that size.
   static std::unique_ptr<ShmLink> open(const std::string& name, size_t ringBytes, std::string* error);
   // Removes the name (creator only; the mapping stays).
   void unlink();
@@ -45,7 +71,17 @@ class ShmLink {
   void discard(size_t len);
   // End of stream for the peer once it has read what is in the ring (like shutdown(SHUT_WR)).
   void closeWrite();
+  // Also true once the link is corrupt: nothing more will come from it.
   bool peerClosedWrite() const;
+
+  // The peer broke the rings' protocol: a position it writes went backwards or out of range
+  // (a head more than the ring's size ahead of this end's tail, a tail behind what it already
+  // read or ahead of what was written). Nothing is copied on the strength of such a value:
+  // from then on write/read/peek/readable move nothing, peerClosedWrite() is true, and
+  // corruptReason() says what the peer wrote. Never throws (the engine calls these while it
+  // sends ABORTs from a destructor); the engine turns corrupt() into an I/O error.
+  bool corrupt() const { return !corrupt_.empty(); }
+  const std::string& corruptReason() const { return corrupt_; }
 
   // Single copy (Linux cross-memory attach). Each end writes into its slot of the segment
   // header its pid, the address of that slot in its own memory and a random cookie; the
@@ -54,14 +90,18 @@ class ShmLink {
   // memory and names the right process (not so across pid namespaces, under a ptrace policy
   // that forbids it, or off Linux). publishProcess() before the peer probes.
   void publishProcess();
-  // True, with the peer's pid, when this end can read the peer's memory.
+  // True, with the peer's pid, when this end can read the peer's memory. The pid and address
+  // come from the peer: a pid outside 1..INT_MAX, or an address whose slot would wrap, is refused.
   bool probePeerProcess(int* pid, std::string* why) const;
 
  private:
   struct Ring;
   ShmLink() = default;
-  static size_t segmentBytes(size_t ringBytes);
   bool map(int fd, size_t bytes, const std::string& name, std::string* error);  // closes fd
+  // The peer's position, checked against this end's; false (and the link corrupt) if wrong.
+  bool peerTail(uint64_t* tail) const;
+  bool peerHead(uint64_t* head) const;
+  void markCorrupt(const std::string& why) const;
 
   void* base_ = nullptr;
   size_t mapped_ = 0;
@@ -70,6 +110,13 @@ class ShmLink {
   char* txData_ = nullptr;
   char* rxData_ = nullptr;
   size_t cap_ = 0;
+  // This end's own positions live here (the copies in the segment are only for the peer to
+  // read; they are never read back), with the peer's last seen ones, which may only grow.
+  uint64_t txHead_ = 0;
+  mutable uint64_t txTailSeen_ = 0;
+  uint64_t rxTail_ = 0;
+  mutable uint64_t rxHeadSeen_ = 0;
+  mutable std::string corrupt_;  // why the link is corrupt; empty while it is not
   std::string name_;  // non-empty while this end still has to unlink it
   bool creator_ = false;
 };

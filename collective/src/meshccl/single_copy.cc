@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "meshccl/algorithms.h"
@@ -73,6 +74,12 @@ void round(Context& ctx) {
 
 void readPeer(Context& ctx, int peer, void* dst, uint64_t addr, size_t len) {
   if (len == 0) return;
+  // The address came from the peer: the kernel checks it against the peer's memory, and a range
+  // that wraps around is refused here with a clearer word than EFAULT.
+  if (addr > std::numeric_limits<uint64_t>::max() - len) {
+    ctx.fail(ErrorKind::kIo, cat("rank ", ctx.rank(), ": rank ", peer, " named address 0x", std::hex, addr, std::dec,
+                                 " for its buffer, where ", len, " bytes cannot be (a bug in rank ", peer, "?)"));
+  }
   std::string error;
   if (!readProcessMemory(ctx.peerPid(peer), dst, addr, len, &error)) {
     ctx.fail(ErrorKind::kIo, cat("rank ", ctx.rank(), ": reading rank ", peer, "'s buffer failed (", error,

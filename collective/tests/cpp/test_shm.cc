@@ -1,1 +1,465 @@
-// Shared-memory link tests (segment sizing, values read from the peer): being written.
+// Shared-memory links: segments reserved up front (a /dev/shm too small is an error, not a
+// SIGBUS), and every value the peer can write — the offered name and ring size, the segment's
+// size and header, the ring positions, the single-copy slot — checked before it is used. The
+// "peer" here is a third mapping of the segment through which the test writes what a broken or
+// hostile peer process would; the suite also runs under ASan + UBSan, where any out-of-bounds
+// copy these values could cause would stop it.
+
+#include <fcntl.h>
+#include <sched.h>
+#include <dirent.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/mount.h>
+#endif
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshccl/error.h"
+#include "meshccl/shm.h"
+
+namespace meshccl {
+namespace {
+
+// EXPECT that `text` contains `part` (the suite links gtest without gmock's matchers).
+#define EXPECT_HAS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "'" << (text) << "' lacks '" << (part) << "'"
+#define EXPECT_HAS_NOT(text, part) \
+  EXPECT_EQ(std::string(text).find(part), std::string::npos) << "'" << (text) << "' has '" << (part) << "'"
+
+// The segment as the peer process sees it: a mapping of its own, written behind the link's back.
+class RawSegment {
+ public:
+  RawSegment(const std::string& name, size_t bytes) : bytes_(bytes) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) throw std::runtime_error("shm_open " + name + ": " + std::strerror(errno));
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap " + name + ": " + std::strerror(errno));
+    base_ = static_cast<char*>(p);
+  }
+  ~RawSegment() { ::munmap(base_, bytes_); }
+  RawSegment(const RawSegment&) = delete;
+  RawSegment& operator=(const RawSegment&) = delete;
+
+  std::atomic<uint64_t>& at(size_t offset) { return *std::launder(reinterpret_cast<std::atomic<uint64_t>*>(base_ + offset)); }
+  // The creator -> opener ring's positions: head written by the creator, tail by the opener.
+  std::atomic<uint64_t>& toOpenerHead() { return at(ShmLayout::kCreatorToOpener + ShmLayout::kHeadOffset); }
+  std::atomic<uint64_t>& toOpenerTail() { return at(ShmLayout::kCreatorToOpener + ShmLayout::kTailOffset); }
+  std::atomic<uint64_t>& toCreatorHead() { return at(ShmLayout::kOpenerToCreator + ShmLayout::kHeadOffset); }
+  std::atomic<uint64_t>& toCreatorTail() { return at(ShmLayout::kOpenerToCreator + ShmLayout::kTailOffset); }
+  char* base() { return base_; }
+
+ private:
+  char* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct Pair {
+  std::unique_ptr<ShmLink> creator;
+  std::unique_ptr<ShmLink> opener;
+  std::unique_ptr<RawSegment> raw;
+  std::string name;
+};
+
+// A linked pair with rings of `ringBytes`, and the test's own mapping of their segment.
+Pair makePair(size_t ringBytes = 4096) {
+  Pair p;
+  std::string error;
+  p.creator = ShmLink::create(ringBytes, &p.name, &error);
+  if (!p.creator) throw std::runtime_error("create: " + error);
+  p.opener = ShmLink::open(p.name, ringBytes, &error);
+  if (!p.opener) throw std::runtime_error("open: " + error);
+  p.raw = std::make_unique<RawSegment>(p.name, ShmLink::segmentBytes(ringBytes));
+  p.creator->unlink();
+  return p;
+}
+
+size_t writeAll(ShmLink& link, const std::vector<char>& data) {
+  iovec iov{const_cast<char*>(data.data()), data.size()};
+  return link.write(&iov, 1);
+}
+
+size_t readInto(ShmLink& link, std::vector<char>* out) {
+  iovec iov{out->data(), out->size()};
+  return link.read(&iov, 1);
+}
+
+std::vector<char> pattern(size_t n, int seed) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 31 + static_cast<size_t>(seed)) & 0xff);
+  return v;
+}
+
+// A scratch segment of `bytes` with a name meshccl would use, written by `fill`.
+struct ForgedSegment {
+  std::string name;
+  explicit ForgedSegment(size_t bytes, const std::function<void(char*)>& fill = {}) {
+    static int counter = 0;
+    name = "/mccl.test." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) throw std::runtime_error("shm_open " + name + ": " + std::strerror(errno));
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) throw std::runtime_error("ftruncate");
+    if (fill) {
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) throw std::runtime_error("mmap");
+      fill(static_cast<char*>(p));
+      ::munmap(p, bytes);
+    }
+    ::close(fd);
+  }
+  ~ForgedSegment() { ::shm_unlink(name.c_str()); }
+};
+
+void writeHeader(char* b, uint32_t magic, uint32_t version, uint64_t ringBytes) {
+  std::memcpy(b, &magic, 4);
+  std::memcpy(b + 4, &version, 4);
+  std::memcpy(b + 8, &ringBytes, 8);
+}
+
+constexpr uint32_t kMagic = 0x4d435348u;  // "MCSH", as shm.cc writes it
+
+// --- the link works -------------------------------------------------------------------------
+
+TEST(ShmLink, BytesGoBothWaysAcrossTheRingsEnd) {
+  Pair p = makePair(4096);
+  // Several rounds of 3000 bytes: every round after the first wraps around the 4096-byte ring.
+  for (int round = 0; round < 6; ++round) {
+    const auto there = pattern(3000, round);
+    ASSERT_EQ(writeAll(*p.creator, there), 3000u);
+    EXPECT_EQ(p.opener->readable(), 3000u);
+    char first[8];
+    ASSERT_EQ(p.opener->peek(first, sizeof(first)), sizeof(first));
+    EXPECT_EQ(std::memcmp(first, there.data(), sizeof(first)), 0);
+    std::vector<char> got(3000);
+    ASSERT_EQ(readInto(*p.opener, &got), 3000u);
+    EXPECT_EQ(got, there);
+    const auto back = pattern(3000, 100 + round);
+    ASSERT_EQ(writeAll(*p.opener, back), 3000u);
+    p.creator->discard(1000);
+    std::vector<char> rest(2000);
+    ASSERT_EQ(readInto(*p.creator, &rest), 2000u);
+    EXPECT_EQ(std::memcmp(rest.data(), back.data() + 1000, 2000), 0);
+  }
+  // A full ring takes no more.
+  ASSERT_EQ(writeAll(*p.creator, pattern(5000, 7)), 4096u);
+  EXPECT_EQ(writeAll(*p.creator, pattern(1, 7)), 0u);
+  EXPECT_FALSE(p.creator->corrupt() || p.opener->corrupt());
+  EXPECT_FALSE(p.opener->peerClosedWrite());
+  p.creator->closeWrite();
+  EXPECT_TRUE(p.opener->peerClosedWrite());
+}
+
+#if defined(__linux__)
+TEST(ShmLink, TheSegmentsMemoryIsReservedWhenItIsCreated) {
+  // ftruncate alone leaves the segment sparse (a full /dev/shm is then a SIGBUS at some later
+  // write); reserved, every block is there before a byte is written.
+  std::string name;
+  std::string error;
+  auto link = ShmLink::create(256 << 10, &name, &error);
+  ASSERT_TRUE(link) << error;
+  const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0);
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  ::close(fd);
+  EXPECT_EQ(static_cast<size_t>(st.st_size), ShmLink::segmentBytes(256 << 10));
+  EXPECT_GE(static_cast<size_t>(st.st_blocks) * 512, ShmLink::segmentBytes(256 << 10));
+}
+
+// Runs `body` in a child process with its own mount namespace, where /dev/shm is a tmpfs of
+// `size` (needs root or CAP_SYS_ADMIN); returns what the child wrote, or "SKIP: why".
+std::string inTinyDevShm(const char* size, const std::function<std::string()>& body) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "SKIP: pipe";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string out;
+    if (::unshare(CLONE_NEWNS) != 0) {
+      out = std::string("SKIP: unshare(CLONE_NEWNS): ") + std::strerror(errno);
+    } else if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+      out = std::string("SKIP: making / private: ") + std::strerror(errno);
+    } else if (::mount("tmpfs", "/dev/shm", "tmpfs", 0, (std::string("size=") + size).c_str()) != 0) {
+      out = std::string("SKIP: mounting a tmpfs on /dev/shm: ") + std::strerror(errno);
+    } else {
+      out = body();
+    }
+    const ssize_t w = ::write(fds[1], out.data(), out.size());
+    ::_exit(w == static_cast<ssize_t>(out.size()) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "child died with status " + std::to_string(status);
+  return got;
+}
+
+TEST(ShmLink, ATooSmallDevShmIsAClearErrorNotASignal) {
+  // 256 KiB of /dev/shm, a 516 KiB segment: create() fails, names the sizes and what to do,
+  // and leaves nothing behind. Then a ring that fits works.
+  const std::string out = inTinyDevShm("256k", [] {
+    std::string name;
+    std::string error;
+    auto link = ShmLink::create(256 << 10, &name, &error);
+    if (link) return std::string("created a 516 KiB segment in a 256 KiB /dev/shm");
+    std::string result = error;
+    if (DIR* d = ::opendir("/dev/shm")) {
+      while (const dirent* e = ::readdir(d)) {
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) result += " [LEFT A FILE]";
+      }
+      ::closedir(d);
+    }
+    auto small = ShmLink::create(16 << 10, &name, &error);  // 36 KiB
+    if (!small) return result + " [16 KiB rings failed too: " + error + "]";
+    const auto data = pattern(20000, 3);
+    iovec iov{const_cast<char*>(data.data()), data.size()};
+    return result + (small->write(&iov, 1) == 16384 ? " [16 KiB rings: ok]" : " [16 KiB rings: short write]");
+  });
+  if (out.rfind("SKIP: ", 0) == 0) GTEST_SKIP() << out;
+  EXPECT_HAS(out, "/dev/shm has too little space for a 516 KiB segment (posix_fallocate: No space left on device; ");
+  EXPECT_HAS(out, " free of 256 KiB): give the container a larger /dev/shm (docker run --shm-size=1g) or set "
+                  "MESHCCL_SHM_RING_BYTES lower");
+  EXPECT_HAS(out, "[16 KiB rings: ok]");
+  EXPECT_HAS_NOT(out, "LEFT A FILE");
+}
+#endif
+
+// --- what the peer offers --------------------------------------------------------------------
+
+TEST(ShmLink, OpenRefusesNamesThatAreNotMeshcclSegments) {
+  for (const std::string name : {"/etc", "/mccl", "mccl.1.2.3", "/mccl.1/../../x", ""}) {
+    std::string error;
+    EXPECT_FALSE(ShmLink::open(name, 4096, &error)) << name;
+    EXPECT_HAS(error, "not a meshccl segment") << name;
+  }
+}
+
+TEST(ShmLink, OpenRefusesRingSizesOutOfRange) {
+  // A real segment: only the offered size is wrong.
+  std::string name;
+  std::string error;
+  auto link = ShmLink::create(4096, &name, &error);
+  ASSERT_TRUE(link) << error;
+  for (const uint64_t ring : {uint64_t{0}, uint64_t{1}, uint64_t{2048}, uint64_t{4097}, uint64_t{3} << 12,
+                              uint64_t{2} << 30, uint64_t{1} << 40, std::numeric_limits<uint64_t>::max()}) {
+    error.clear();
+    EXPECT_FALSE(ShmLink::open(name, static_cast<size_t>(ring), &error)) << ring;
+    EXPECT_HAS(error, "not a power of two from 4096 to 1073741824") << ring;
+  }
+  EXPECT_FALSE(ShmLink::validRingBytes(uint64_t{1} << 31));
+  EXPECT_TRUE(ShmLink::validRingBytes(uint64_t{1} << 30));
+  EXPECT_TRUE(ShmLink::validRingBytes(4096));
+  // create() holds itself to the same range.
+  EXPECT_FALSE(ShmLink::create(size_t{2} << 30, &name, &error));
+  EXPECT_HAS(error, "MESHCCL_SHM_RING_BYTES");
+}
+
+TEST(ShmLink, OpenRefusesASegmentSmallerThanItsRingsNeed) {
+  // A segment with a true-looking header but only 8 KiB: mapping the 12 KiB that rings of 4096
+  // need would put the rings past its end (SIGBUS at the first copy).
+  ForgedSegment seg(8192, [](char* b) { writeHeader(b, kMagic, 1, 4096); });
+  std::string error;
+  EXPECT_FALSE(ShmLink::open(seg.name, 4096, &error));
+  EXPECT_HAS(error, "has 8192 bytes, too few for rings of 4096 bytes (12288 needed)");
+  // The same with a real segment offered as having larger rings.
+  std::string name;
+  auto link = ShmLink::create(4096, &name, &error);
+  ASSERT_TRUE(link) << error;
+  EXPECT_FALSE(ShmLink::open(name, 1 << 20, &error));
+  EXPECT_HAS(error, "too few for rings of 1048576 bytes");
+}
+
+TEST(ShmLink, OpenRefusesAHeaderThatDisagreesWithTheOffer) {
+  struct Case {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t ring;
+  };
+  for (const Case c : {Case{0, 1, 4096}, Case{kMagic, 2, 4096}, Case{kMagic, 1, 8192}, Case{kMagic, 1, 1 << 30}}) {
+    // Large enough for the header's ring size too: only the header is wrong.
+    ForgedSegment seg(ShmLink::segmentBytes(8192), [&](char* b) { writeHeader(b, c.magic, c.version, c.ring); });
+    std::string error;
+    EXPECT_FALSE(ShmLink::open(seg.name, 4096, &error)) << c.magic << " " << c.version << " " << c.ring;
+    EXPECT_HAS(error, "is not a meshccl segment of version 1 with rings of 4096 bytes");
+  }
+}
+
+TEST(ShmLink, OpenRefusesASegmentWhoseRingsAlreadyMoved) {
+  for (size_t offset : {ShmLayout::kCreatorToOpener + ShmLayout::kHeadOffset,
+                        ShmLayout::kOpenerToCreator + ShmLayout::kTailOffset,
+                        ShmLayout::kCreatorToOpener + ShmLayout::kClosedOffset}) {
+    ForgedSegment seg(ShmLink::segmentBytes(4096), [&](char* b) {
+      writeHeader(b, kMagic, 1, 4096);
+      const uint32_t v = 1;  // closed is 32 bits wide
+      std::memcpy(b + offset, &v, sizeof(v));
+    });
+    std::string error;
+    EXPECT_FALSE(ShmLink::open(seg.name, 4096, &error)) << offset;
+    EXPECT_HAS(error, "is not fresh") << offset;
+  }
+}
+
+// --- ring positions written by the peer --------------------------------------------------------
+
+TEST(ShmLink, AHeadFarAheadOfTheTailIsReportedNeverCopied) {
+  Pair p = makePair(4096);
+  ASSERT_EQ(writeAll(*p.opener, pattern(100, 1)), 100u);
+  EXPECT_EQ(p.creator->readable(), 100u);
+  // The opener's head claims a terabyte in a 4 KiB ring: copying that much would run far off
+  // the end of the mapping and of the reader's buffer.
+  p.raw->toCreatorHead().store(uint64_t{1} << 40);
+  std::vector<char> got(1 << 20);
+  EXPECT_EQ(readInto(*p.creator, &got), 0u);
+  EXPECT_TRUE(p.creator->corrupt());
+  EXPECT_HAS(p.creator->corruptReason(), "ring write position 1099511627776 written by the peer is outside "
+                                                    "100..4096");
+  EXPECT_HAS(p.creator->corruptReason(), "the peer broke the ring protocol");
+  // Stays corrupt, moves nothing, and reads as an ended stream.
+  p.raw->toCreatorHead().store(100);
+  char b[16];
+  EXPECT_EQ(p.creator->peek(b, sizeof(b)), 0u);
+  EXPECT_EQ(p.creator->readable(), 0u);
+  EXPECT_EQ(readInto(*p.creator, &got), 0u);
+  EXPECT_EQ(writeAll(*p.creator, pattern(10, 2)), 0u);
+  p.creator->discard(50);
+  EXPECT_TRUE(p.creator->peerClosedWrite());
+  EXPECT_FALSE(p.opener->corrupt());
+}
+
+TEST(ShmLink, AHeadOneRingPastTheTailIsAFullRingAndOneMoreIsCorrupt) {
+  Pair p = makePair(4096);
+  p.raw->toCreatorHead().store(4096);  // the whole ring: legal (garbage bytes are the framing's business)
+  std::vector<char> got(8192);
+  EXPECT_EQ(readInto(*p.creator, &got), 4096u);
+  EXPECT_FALSE(p.creator->corrupt());
+  p.raw->toCreatorHead().store(4096 + 4097);
+  EXPECT_EQ(p.creator->readable(), 0u);
+  EXPECT_TRUE(p.creator->corrupt());
+}
+
+TEST(ShmLink, AHeadThatWrapsBelowTheTailIsCorrupt) {
+  Pair p = makePair(4096);
+  ASSERT_EQ(writeAll(*p.creator, pattern(200, 1)), 200u);
+  std::vector<char> got(200);
+  ASSERT_EQ(readInto(*p.opener, &got), 200u);
+  p.raw->toOpenerHead().store(199);  // "minus one byte": 2^64 - 1 ahead, as unsigned arithmetic sees it
+  char b[8];
+  EXPECT_EQ(p.opener->peek(b, sizeof(b)), 0u);
+  EXPECT_TRUE(p.opener->corrupt());
+  EXPECT_HAS(p.opener->corruptReason(), "ring write position 199");
+}
+
+TEST(ShmLink, AHeadMovingBackwardsIsCorrupt) {
+  Pair p = makePair(4096);
+  ASSERT_EQ(writeAll(*p.opener, pattern(300, 1)), 300u);
+  EXPECT_EQ(p.creator->readable(), 300u);
+  p.raw->toCreatorHead().store(100);  // takes back bytes it had given
+  std::vector<char> got(300);
+  EXPECT_EQ(readInto(*p.creator, &got), 0u);
+  EXPECT_TRUE(p.creator->corrupt());
+  EXPECT_HAS(p.creator->corruptReason(), "ring write position 100 written by the peer is outside 300..");
+}
+
+TEST(ShmLink, ATailAheadOfWhatWasWrittenIsCorrupt) {
+  Pair p = makePair(4096);
+  ASSERT_EQ(writeAll(*p.creator, pattern(100, 1)), 100u);
+  // The reader claims to have read 5000 bytes of 100: the writer would compute a negative
+  // fill (free room past the ring's size) and copy over the other ring and past the mapping.
+  p.raw->toOpenerTail().store(5000);
+  EXPECT_EQ(writeAll(*p.creator, pattern(1 << 16, 2)), 0u);
+  EXPECT_TRUE(p.creator->corrupt());
+  EXPECT_HAS(p.creator->corruptReason(), "ring read position 5000 written by the peer is outside 0..100");
+  EXPECT_TRUE(p.creator->peerClosedWrite());
+}
+
+TEST(ShmLink, ATailMovingBackwardsIsCorrupt) {
+  Pair p = makePair(4096);
+  ASSERT_EQ(writeAll(*p.opener, pattern(4096, 1)), 4096u);
+  std::vector<char> got(4096);
+  ASSERT_EQ(readInto(*p.creator, &got), 4096u);
+  ASSERT_EQ(writeAll(*p.opener, pattern(10, 1)), 10u);  // sees tail 4096
+  p.raw->toCreatorTail().store(0);                        // "unreads" a ring's worth
+  EXPECT_EQ(writeAll(*p.opener, pattern(10, 1)), 0u);
+  EXPECT_TRUE(p.opener->corrupt());
+  EXPECT_HAS(p.opener->corruptReason(), "ring read position 0 written by the peer is outside 4096..4106");
+}
+
+TEST(ShmLink, TheLinksOwnPositionsInTheSegmentAreNeverReadBack) {
+  // The peer overwrites the positions this end writes (its head as writer, its tail as reader):
+  // this end keeps its own, so nothing it copies depends on them.
+  Pair p = makePair(4096);
+  const auto data = pattern(1000, 9);
+  ASSERT_EQ(writeAll(*p.creator, data), 1000u);
+  p.raw->toOpenerHead().store(~uint64_t{0});  // the creator's own head
+  p.raw->toCreatorTail().store(~uint64_t{0});  // the creator's own tail
+  ASSERT_EQ(writeAll(*p.creator, data), 1000u);  // stores its own head (2000) again
+  EXPECT_FALSE(p.creator->corrupt());
+  EXPECT_EQ(p.creator->readable(), 0u);
+  std::vector<char> got(2000);
+  ASSERT_EQ(readInto(*p.opener, &got), 2000u);
+  EXPECT_EQ(std::memcmp(got.data() + 1000, data.data(), 1000), 0);
+  // The opener sees the creator's head as the peer's, and garbage there is corruption.
+  p.raw->toOpenerHead().store(~uint64_t{0});
+  EXPECT_EQ(readInto(*p.opener, &got), 0u);
+  EXPECT_TRUE(p.opener->corrupt());
+}
+
+// --- the single-copy slot ----------------------------------------------------------------------
+
+TEST(ShmLink, APublishedPidOrAddressOutOfRangeIsRefused) {
+  struct Case {
+    uint64_t pid;
+    uint64_t address;
+    const char* says;
+  };
+  for (const Case c : {Case{0, 4096, "published pid 0"}, Case{uint64_t{1} << 32, 4096, "which is not a process id"},
+                       Case{~uint64_t{0}, 4096, "which is not a process id"},
+                       Case{static_cast<uint64_t>(::getpid()), 0, "published address 0x0"},
+                       Case{static_cast<uint64_t>(::getpid()), ~uint64_t{0} - 8, "cannot hold its slot"}}) {
+    Pair p = makePair(4096);
+    p.creator->publishProcess();
+    const uint64_t slot[3] = {c.pid, c.address, 12345};
+    std::memcpy(p.raw->base() + ShmLayout::kOpenerSlot, slot, sizeof(slot));
+    int pid = -1;
+    std::string why;
+    EXPECT_FALSE(p.creator->probePeerProcess(&pid, &why)) << c.pid << " " << c.address;
+    EXPECT_HAS(why, c.says);
+    EXPECT_EQ(pid, -1);
+  }
+}
+
+#if defined(__linux__)
+TEST(ShmLink, AGenuineSlotProvesThePeerReadable) {
+  Pair p = makePair(4096);
+  p.creator->publishProcess();
+  p.opener->publishProcess();
+  int pid = -1;
+  std::string why;
+  const bool ok = p.creator->probePeerProcess(&pid, &why);
+  if (!ok && why.find("Operation not permitted") != std::string::npos) GTEST_SKIP() << why;
+  EXPECT_TRUE(ok) << why;
+  EXPECT_EQ(pid, ::getpid());
+}
+#endif
+
+}  // namespace
+}  // namespace meshccl
