@@ -26,7 +26,14 @@ from meshccl._meshccl import (
 )
 from meshccl._meshccl import Communicator as _Native
 from meshccl._meshccl import make_config as _make_config
-from meshccl.bootstrap import Plan, plan_from_env, plan_from_meshccl_hostfile, plan_from_mlx_hostfile
+from meshccl.bootstrap import (
+    Plan,
+    allow_no_token_from_env,
+    job_id_from_env,
+    plan_from_env,
+    plan_from_meshccl_hostfile,
+    plan_from_mlx_hostfile,
+)
 
 __all__ = [
     "DTYPES",
@@ -236,11 +243,23 @@ def init(env: dict[str, str] | None = None, **options: Any) -> Communicator:
 
     Options (keyword or MESHCCL_<NAME> in the environment): timeout, connect_timeout,
     conns_per_link, algorithm, segment_bytes, small_bytes, pipeline_depth, socket_buffer,
-    transport, shm_ring_bytes, shm_segment_bytes, single_copy_bytes, log_level. The job token
-    comes from MESHCCL_TOKEN (never logged).
+    transport, shm_ring_bytes, shm_segment_bytes, single_copy_bytes, log_level.
+
+    The job token comes from MESHCCL_TOKEN (never logged, never sent: ranks prove they hold
+    it), the job id from MESHCCL_JOB_ID (else torchrun's TORCHELASTIC_RUN_ID). A job of more
+    than one rank without a token raises AuthError before anything is sent, unless
+    MESHCCL_ALLOW_NO_TOKEN=1 (then a warning is printed once).
     """
     env = dict(os.environ if env is None else env)
     opts = {**_env_options(env), **options}
     token = env.get("MESHCCL_TOKEN", "")
-    plan = plan_from_env(env, token=token, timeout=float(opts.get("connect_timeout", DEFAULTS["connect_timeout"])))
-    return Communicator(plan, token=token, **opts)
+    job_id = job_id_from_env(env)
+    allow_no_token = allow_no_token_from_env(env)
+    plan = plan_from_env(
+        env,
+        token=token,
+        timeout=float(opts.get("connect_timeout", DEFAULTS["connect_timeout"])),
+        job_id=job_id,
+        allow_no_token=allow_no_token,
+    )
+    return Communicator(plan, token=token, job_id=job_id, allow_no_token=allow_no_token, **opts)
