@@ -72,11 +72,14 @@ void ringCopyIn(char* ring, size_t cap, uint64_t pos, const char* src, size_t le
   if (len > first) std::memcpy(ring, src + first, len - first);
 }
 
-// "516 KiB", "1.5 MiB": sizes as a person sets them.
+// "516 KiB", "2052 KiB", "64 MiB", "1.5 GiB": sizes as a person sets them, exact up to 64 MiB.
 std::string sizeText(uint64_t bytes) {
-  if (bytes < (uint64_t{1} << 20)) return cat((bytes + 1023) / 1024, " KiB");
-  const uint64_t tenths = (bytes * 10 + (uint64_t{1} << 19)) >> 20;
-  return tenths % 10 == 0 ? cat(tenths / 10, " MiB") : cat(tenths / 10, ".", tenths % 10, " MiB");
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  if (bytes % kMiB == 0 && bytes < (kMiB << 10)) return cat(bytes / kMiB, " MiB");
+  if (bytes < 64 * kMiB) return cat((bytes + 1023) / 1024, " KiB");
+  if (bytes < (kMiB << 10)) return cat((bytes + kMiB / 2) / kMiB, " MiB");
+  const uint64_t tenths = (bytes * 10 + (kMiB << 9)) >> 30;
+  return cat(tenths / 10, ".", tenths % 10, " GiB");
 }
 
 // Gives the new segment `bytes` of memory now. Linux's /dev/shm is a tmpfs of bounded size
