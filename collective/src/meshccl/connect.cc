@@ -1,9 +1,15 @@
 // The connect phase: every rank listens on its planned addresses only; the higher rank of each
-// pair connects to the lower one, once per link and connection, and presents a hello with its
-// rank, the connection's index and the job token. The acceptor answers with a status; a peer
-// without the token (or not a rank that should connect here) is refused and logged, and the
-// phase goes on. Connects are retried with backoff until the connect deadline, so ranks can
-// start in any order.
+// pair connects to the lower one, once per link and connection. Both ends of every connection
+// prove they hold the job token without sending it (handshake.h: HMAC-SHA256 over both sides'
+// fresh nonces, the job id, the ranks and the connection's place); a peer that cannot is
+// dropped and logged, and the phase goes on. Connects are retried with backoff until the
+// connect deadline, so ranks can start in any order.
+//
+// The accept side stays up whatever arrives: each pending handshake has a deadline and their
+// number is capped (a new one drops the oldest); anything malformed is rejected, never thrown;
+// accept() failing for want of descriptors pauses listening with a growing backoff (and drops
+// the oldest pending handshake to free one) instead of spinning. Rejection lines are rate
+// limited.
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -13,41 +19,91 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "meshccl/context.h"
+#include "meshccl/handshake.h"
 
 namespace meshccl {
 
 namespace {
 
-bool tokensEqual(const std::string& a, const char* b, size_t blen) {
-  if (a.size() != blen) return false;
-  // Constant time in the token's content: a stranger learns nothing from the reply's timing.
-  unsigned char diff = 0;
-  for (size_t i = 0; i < blen; ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
+using handshake::Acceptor;
+using handshake::Connector;
+
+constexpr double kAcceptBackoffMin = 0.01;
+constexpr double kAcceptBackoffMax = 1.0;
+constexpr int kAcceptsPerRound = 64;  // per listener and poll round: a flood cannot starve the rest
 
 struct Outgoing {
   int peer = -1;
   int index = 0;
   SockAddr addr;
   Fd fd;
-  enum class State { kIdle, kConnecting, kAwaitStatus, kDone } state = State::kIdle;
+  enum class State { kIdle, kConnecting, kHandshake, kDone } state = State::kIdle;
   double retryAt = 0;
   double backoff = 0.05;
+  double attemptDeadline = 0;  // TCP connect + handshake of this attempt
   int attempts = 0;
   std::string lastError = "no attempt yet";
-  uint32_t status = 0;
-  size_t statusGot = 0;
+  std::unique_ptr<Connector> hs;
 };
 
 struct Incoming {
   Fd fd;
   std::string from;
-  char buf[sizeof(Hello) + kMaxTokenBytes] = {};
-  size_t got = 0;
+  double deadline = 0;
+  std::unique_ptr<Acceptor> hs;
 };
+
+// Sends a handshake message whole on a non-blocking socket (a few dozen bytes on a fresh
+// connection: it fits in the send buffer or the connection is no good).
+bool sendAll(int fd, const std::vector<uint8_t>& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+enum class Pump { kWaiting, kFinished, kClosed };
+
+// Moves bytes between the socket and a handshake machine until it needs bytes that have not
+// arrived, or has nothing more to read. Reads no more than the machine asks for (the job's data
+// follows the handshake on the same stream). *why: what ended the connection (kClosed).
+template <typename Machine>
+Pump pump(int fd, Machine& m, std::string* why) {
+  for (;;) {
+    if (!sendAll(fd, m.takeOutput())) {
+      *why = cat("sending failed: ", std::strerror(errno != 0 ? errno : EPIPE));
+      return Pump::kClosed;
+    }
+    const size_t want = m.need();
+    if (want == 0) return Pump::kFinished;
+    uint8_t buf[64];
+    const ssize_t n = ::recv(fd, buf, std::min(want, sizeof(buf)), MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Pump::kWaiting;
+    if (n <= 0) {
+      *why = n == 0 ? "the other end closed the connection during the handshake" : std::strerror(errno);
+      return Pump::kClosed;
+    }
+    m.feed(buf, static_cast<size_t>(n));
+  }
+}
+
+// Closes a refused connection after reading what the peer already sent (closing with unread
+// bytes resets the connection, which could discard the refusal before the peer reads it).
+void closeRefused(Fd& fd) {
+  char sink[4096];
+  (void)::recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+  fd.reset();
+}
+
+bool outOfDescriptors(int err) { return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM; }
 
 }  // namespace
 
@@ -59,6 +115,7 @@ void Context::connectAll() {
   const int perLink = config_.connsPerLink;
   std::vector<Outgoing> out;
   std::vector<int> expectedIn(static_cast<size_t>(size()), 0);
+  std::vector<uint32_t> acceptsFrom(static_cast<size_t>(size()), 0);  // what the handshake expects, per rank
   for (const auto& p : config_.peers) {
     const int count = static_cast<int>(p.links.size()) * perLink;
     pairs_[p.rank]->conns.resize(static_cast<size_t>(count));
@@ -76,6 +133,7 @@ void Context::connectAll() {
       }
     } else {
       expectedIn[p.rank] = count;
+      acceptsFrom[p.rank] = static_cast<uint32_t>(count);
       if (config_.listen.empty()) {
         raise(ErrorKind::kBootstrap, cat("rank ", me, " must accept connections from rank ", p.rank,
                                          " but has no listen address"));
@@ -86,6 +144,36 @@ void Context::connectAll() {
   for (int v : expectedIn) missingIn += v;
   std::vector<Incoming> in;
   const double deadline = monotonicSeconds() + config_.connectTimeoutSeconds;
+  const double handshakeSeconds = std::min(config_.handshakeTimeoutSeconds, config_.connectTimeoutSeconds);
+  const size_t maxPending = static_cast<size_t>(config_.maxPendingHandshakes);
+  const auto usize = static_cast<uint32_t>(size());
+  ConnectStats& stats = connectStats_;
+  handshake::LogLimiter limiter;
+  double acceptPausedUntil = 0;
+  double acceptBackoff = kAcceptBackoffMin;
+
+  // Rejected, dropped and refused connections: logged, at most 10 lines per 10 s.
+  auto note = [&](const std::string& line) {
+    if (limiter.admit(monotonicSeconds())) {
+      log(1, line);
+    } else {
+      ++stats.logsSuppressed;
+    }
+  };
+  auto reportSuppressed = [&](bool flush) {
+    const size_t n = limiter.takeSuppressed(monotonicSeconds(), flush);
+    if (n > 0) log(1, cat(n, " more connection(s) rejected or dropped (not logged one by one)"));
+  };
+  auto dropOldestPending = [&](const char* why) -> bool {
+    for (auto& inc : in) {
+      if (!inc.fd) continue;
+      note(cat("dropped the pending handshake from ", inc.from, ": ", why));
+      inc.fd.reset();
+      ++stats.evicted;
+      return true;
+    }
+    return false;
+  };
 
   auto install = [&](int peer, int index, Fd fd, const std::string& remote) {
     tuneSocket(fd.get(), config_.socketBufferBytes);
@@ -97,29 +185,86 @@ void Context::connectAll() {
     pairs_[peer]->conns[static_cast<size_t>(index)] = std::move(c);
   };
 
+  // An outgoing connection's handshake ended without proof either way.
+  auto connectFailed = [&](const Outgoing& o) {
+    const Connector& h = *o.hs;
+    const std::string who = cat("rank ", me, ": the process at ", o.addr.text);
+    switch (h.failure()) {
+      case Connector::Failure::kForged:
+        raise(ErrorKind::kAuth, cat(who, " answered as rank ", o.peer, " but could not prove the job token: it is not "
+                                    "rank ", o.peer, " of this job (another job, or someone else, holds that port)"));
+      case Connector::Failure::kWrongRank:
+        raise(ErrorKind::kBootstrap, cat(who, " says it is rank ", h.claimedRank(), ", not rank ", o.peer,
+                                         ": do all ranks read the same hostfile?"));
+      case Connector::Failure::kNotMeshccl:
+        raise(ErrorKind::kBootstrap, cat(who, " is not a meshccl rank of protocol version ", kProtocolVersion,
+                                         " (it answered version ", h.peerVersion(), " or something else): is it rank ",
+                                         o.peer, " of this job?"));
+      default:
+        break;
+    }
+    switch (static_cast<handshake::Status>(h.status())) {
+      case handshake::Status::kBadToken:
+        raise(ErrorKind::kAuth, cat("rank ", me, ": rank ", o.peer, " at ", o.addr.text,
+                                    " refused this rank's proof of the job token: the ranks were started with "
+                                    "different MESHCCL_TOKEN values or job ids (or another job listens there)"));
+      case handshake::Status::kBadVersion:
+        raise(ErrorKind::kBootstrap, cat("rank ", me, ": rank ", o.peer, " at ", o.addr.text,
+                                         " runs another meshccl protocol version (this rank speaks ", kProtocolVersion,
+                                         "): install the same meshccl on every host"));
+      case handshake::Status::kBadRank:
+        raise(ErrorKind::kBootstrap, cat(who, " does not expect this rank's connection ", o.index, " (is it rank ",
+                                         o.peer, " of this job? do the hostfiles agree?)"));
+      case handshake::Status::kDuplicate:
+        raise(ErrorKind::kBootstrap, cat(who, " (rank ", o.peer, ") already has this rank's connection ", o.index,
+                                         ": are two processes running as rank ", me, "?"));
+      default:
+        raise(ErrorKind::kBootstrap, cat(who, " is not a meshccl rank (it answered ",
+                                         handshake::statusName(h.status()), "): is it rank ", o.peer, " of this job?"));
+    }
+  };
+
   for (;;) {
-    const double now = monotonicSeconds();
+    double now = monotonicSeconds();
+    reportSuppressed(false);
     size_t pendingOut = 0;
     for (auto& o : out) {
       if (o.state == Outgoing::State::kDone) continue;
       ++pendingOut;
+      auto retryLater = [&](const std::string& why) {
+        o.lastError = why;
+        o.fd.reset();
+        o.hs.reset();
+        o.state = Outgoing::State::kIdle;
+        o.retryAt = now + o.backoff;
+        o.backoff = std::min(o.backoff * 2, 1.0);
+        log(2, cat("connect to rank ", o.peer, " at ", o.addr.text, ": ", why, ", retry ", o.attempts));
+      };
+      if (o.state != Outgoing::State::kIdle && now >= o.attemptDeadline) {
+        retryLater(cat("no complete handshake within ", handshakeSeconds, " s"));
+      }
       if (o.state == Outgoing::State::kIdle && now >= o.retryAt) {
         int err = 0;
         ++o.attempts;
         o.fd = startConnect(o.addr, &err);
         if (err != 0) {
-          o.lastError = std::strerror(err);
-          o.fd.reset();
-          o.retryAt = now + o.backoff;
-          o.backoff = std::min(o.backoff * 2, 1.0);
-          log(2, cat("connect to rank ", o.peer, " at ", o.addr.text, " failed (", o.lastError, "), retry ", o.attempts));
+          retryLater(std::strerror(err));
         } else {
           o.state = Outgoing::State::kConnecting;
+          o.attemptDeadline = now + handshakeSeconds;
         }
+      }
+    }
+    for (auto& inc : in) {
+      if (inc.fd && now >= inc.deadline) {
+        note(cat("dropped the connection from ", inc.from, ": no complete handshake within ", handshakeSeconds, " s"));
+        inc.fd.reset();
+        ++stats.timedOut;
       }
     }
     if (pendingOut == 0 && missingIn == 0) break;
     if (now >= deadline) {
+      reportSuppressed(true);
       std::string what;
       for (auto& o : out) {
         if (o.state == Outgoing::State::kDone) continue;
@@ -141,39 +286,78 @@ void Context::connectAll() {
     std::vector<pollfd> fds;
     enum class Kind { kListener, kOut, kIn };
     std::vector<std::pair<Kind, size_t>> owners;
-    for (size_t i = 0; i < listeners_.size(); ++i) {
-      fds.push_back({listeners_[i].get(), POLLIN, 0});
-      owners.emplace_back(Kind::kListener, i);
+    double wakeAt = std::min(deadline, now + 0.05);  // outgoing retries are looked at every 50 ms at most
+    if (now >= acceptPausedUntil) {
+      for (size_t i = 0; i < listeners_.size(); ++i) {
+        fds.push_back({listeners_[i].get(), POLLIN, 0});
+        owners.emplace_back(Kind::kListener, i);
+      }
+    } else {
+      wakeAt = std::min(wakeAt, acceptPausedUntil);
     }
     for (size_t i = 0; i < out.size(); ++i) {
       if (out[i].state == Outgoing::State::kConnecting) fds.push_back({out[i].fd.get(), POLLOUT, 0});
-      else if (out[i].state == Outgoing::State::kAwaitStatus) fds.push_back({out[i].fd.get(), POLLIN, 0});
+      else if (out[i].state == Outgoing::State::kHandshake) fds.push_back({out[i].fd.get(), POLLIN, 0});
       else continue;
       owners.emplace_back(Kind::kOut, i);
+      wakeAt = std::min(wakeAt, out[i].attemptDeadline);
     }
     for (size_t i = 0; i < in.size(); ++i) {
       if (!in[i].fd) continue;
       fds.push_back({in[i].fd.get(), POLLIN, 0});
       owners.emplace_back(Kind::kIn, i);
+      wakeAt = std::min(wakeAt, in[i].deadline);
     }
-    const int ms = static_cast<int>(std::clamp(std::ceil((deadline - now) * 1000), 1.0, 50.0));
+    const int ms = static_cast<int>(std::clamp(std::ceil((wakeAt - now) * 1000), 1.0, 50.0));
+    ++stats.pollRounds;
     const int n = ::poll(fds.data(), fds.size(), ms);
     if (n < 0 && errno != EINTR) raise(ErrorKind::kIo, cat("rank ", me, ": poll(): ", std::strerror(errno)));
     if (n <= 0) continue;
+    now = monotonicSeconds();
 
+    bool paused = false;
     for (size_t f = 0; f < fds.size(); ++f) {
       if (fds[f].revents == 0) continue;
       const auto [kind, i] = owners[f];
       if (kind == Kind::kListener) {
-        for (;;) {
+        if (paused) continue;
+        for (int k = 0; k < kAcceptsPerRound; ++k) {
           sockaddr_storage from{};
           socklen_t fromLen = sizeof(from);
           const int fd = ::accept4(listeners_[i].get(), reinterpret_cast<sockaddr*>(&from), &fromLen,
                                    SOCK_NONBLOCK | SOCK_CLOEXEC);
-          if (fd < 0) break;
+          if (fd < 0) {
+            const int err = errno;
+            if (err == EINTR) continue;
+            if (err == EAGAIN || err == EWOULDBLOCK) break;
+            if (outOfDescriptors(err)) {
+              // Stop looking at the listeners for a while (poll would report them readable at
+              // once, forever) and free a descriptor for the next try.
+              ++stats.acceptBackoffs;
+              acceptPausedUntil = now + acceptBackoff;
+              note(cat("cannot accept connections on ", config_.listen[i].address, ":", config_.listen[i].port, ": ",
+                       std::strerror(err), "; not accepting for ", std::lround(acceptBackoff * 1000), " ms"));
+              acceptBackoff = std::min(acceptBackoff * 2, kAcceptBackoffMax);
+              dropOldestPending("this rank is out of descriptors and needs one for the next connection");
+              paused = true;
+              break;
+            }
+            // An error of one queued connection (ECONNABORTED, EPROTO, a network error Linux
+            // passes on): that connection is gone, the next may be fine.
+            note(cat("accept on ", config_.listen[i].address, ":", config_.listen[i].port, ": ", std::strerror(err)));
+            continue;
+          }
+          acceptBackoff = kAcceptBackoffMin;
+          ++stats.accepted;
+          size_t live = 0;
+          for (const auto& x : in) live += x.fd ? 1 : 0;
+          if (live >= maxPending) dropOldestPending(cat(maxPending, " handshakes are pending, the cap").c_str());
           Incoming inc;
           inc.fd = Fd(fd);
           inc.from = describePeer(from);
+          inc.deadline = now + handshakeSeconds;
+          inc.hs = std::make_unique<Acceptor>(static_cast<uint32_t>(me), usize, config_.token, config_.jobId,
+                                              acceptsFrom, handshake::freshNonce());
           in.push_back(std::move(inc));
         }
       } else if (kind == Kind::kOut) {
@@ -181,6 +365,7 @@ void Context::connectAll() {
         auto retry = [&](const std::string& why) {
           o.lastError = why;
           o.fd.reset();
+          o.hs.reset();
           o.state = Outgoing::State::kIdle;
           o.retryAt = monotonicSeconds() + o.backoff;
           o.backoff = std::min(o.backoff * 2, 1.0);
@@ -192,116 +377,67 @@ void Context::connectAll() {
             retry(std::strerror(err));
             continue;
           }
-          char hello[sizeof(Hello) + kMaxTokenBytes];
-          Hello h{};
-          h.magic = kHelloMagic;
-          h.version = kProtocolVersion;
-          h.tokenLen = static_cast<uint16_t>(config_.token.size());
-          h.rank = static_cast<uint32_t>(me);
-          h.size = static_cast<uint32_t>(size());
-          h.connIndex = static_cast<uint32_t>(o.index);
-          h.connCount = static_cast<uint32_t>(pairs_[o.peer]->conns.size());
-          std::memcpy(hello, &h, sizeof(h));
-          std::memcpy(hello + sizeof(h), config_.token.data(), config_.token.size());
-          const size_t len = sizeof(h) + config_.token.size();
-          const ssize_t sent = ::send(o.fd.get(), hello, len, MSG_NOSIGNAL);
-          if (sent != static_cast<ssize_t>(len)) {
-            retry(sent < 0 ? std::strerror(errno) : "short write of the hello");
-            continue;
-          }
-          o.state = Outgoing::State::kAwaitStatus;
-        } else {
-          const ssize_t got = ::recv(o.fd.get(), reinterpret_cast<char*>(&o.status) + o.statusGot,
-                                     sizeof(o.status) - o.statusGot, MSG_DONTWAIT);
-          if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-          if (got <= 0) {
-            retry(got == 0 ? "the peer closed the connection before answering" : std::strerror(errno));
-            continue;
-          }
-          o.statusGot += static_cast<size_t>(got);
-          if (o.statusGot < sizeof(o.status)) continue;
-          switch (static_cast<HelloStatus>(o.status)) {
-            case HelloStatus::kOk:
-              o.state = Outgoing::State::kDone;
-              install(o.peer, o.index, std::move(o.fd), o.addr.text);
-              log(2, cat("connected to rank ", o.peer, " at ", o.addr.text, " (connection ", o.index, ")"));
-              break;
-            case HelloStatus::kBadToken:
-              raise(ErrorKind::kAuth, cat("rank ", me, ": rank ", o.peer, " at ", o.addr.text,
-                                          " refused this rank's job token: the ranks were started with different "
-                                          "MESHCCL_TOKEN values (or another job listens there)"));
-            case HelloStatus::kBadVersion:
-              raise(ErrorKind::kBootstrap, cat("rank ", me, ": rank ", o.peer, " at ", o.addr.text,
-                                               " runs another meshccl protocol version"));
-            default:
-              raise(ErrorKind::kBootstrap, cat("rank ", me, ": the process at ", o.addr.text,
-                                               " does not expect this rank's connection ", o.index,
-                                               " (is it rank ", o.peer, " of this job? do the hostfiles agree?)"));
-          }
+          o.hs = std::make_unique<Connector>(config_.token, config_.jobId, static_cast<uint32_t>(me),
+                                             static_cast<uint32_t>(o.peer), usize, static_cast<uint32_t>(o.index),
+                                             static_cast<uint32_t>(pairs_[o.peer]->conns.size()),
+                                             handshake::freshNonce());
+          o.state = Outgoing::State::kHandshake;
+        }
+        std::string why;
+        const Pump p = pump(o.fd.get(), *o.hs, &why);
+        if (o.hs->state() == Connector::State::kFailed) connectFailed(o);
+        if (p == Pump::kClosed) {
+          retry(why);
+          continue;
+        }
+        if (o.hs->state() == Connector::State::kDone) {
+          o.state = Outgoing::State::kDone;
+          o.hs.reset();
+          install(o.peer, o.index, std::move(o.fd), o.addr.text);
+          log(2, cat("connected to rank ", o.peer, " at ", o.addr.text, " (connection ", o.index, ")"));
         }
       } else {
         Incoming& inc = in[i];
-        const size_t want = inc.got < sizeof(Hello)
-                                ? sizeof(Hello)
-                                : sizeof(Hello) + reinterpret_cast<const Hello*>(inc.buf)->tokenLen;
-        const ssize_t got = ::recv(inc.fd.get(), inc.buf + inc.got, want - inc.got, MSG_DONTWAIT);
-        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-        if (got <= 0) {
+        if (!inc.fd) continue;  // dropped earlier in this round
+        Acceptor& hs = *inc.hs;
+        std::string why;
+        Pump p = pump(inc.fd.get(), hs, &why);
+        if (hs.state() == Acceptor::State::kProven) {
+          const auto peer = static_cast<int>(hs.hello().rank);
+          const auto index = static_cast<size_t>(hs.hello().connIndex);
+          if (pairs_[peer]->conns[index] != nullptr) {
+            hs.refuseDuplicate();
+          } else {
+            hs.accept();
+          }
+          p = pump(inc.fd.get(), hs, &why);
+          if (hs.state() == Acceptor::State::kDone && p != Pump::kClosed) {
+            install(peer, static_cast<int>(index), std::move(inc.fd), inc.from);
+            --expectedIn[peer];
+            --missingIn;
+            log(2, cat("accepted rank ", peer, " from ", inc.from, " (connection ", index, ")"));
+            continue;
+          }
+        }
+        if (hs.state() == Acceptor::State::kRejected) {
+          ++stats.rejected;
+          note(cat("rejected a connection from ", inc.from, ": ", hs.reason()));
+          closeRefused(inc.fd);
+        } else if (p == Pump::kClosed) {
+          ++stats.closedEarly;
+          if (hs.helloParsed()) {
+            note(cat("the connection from ", inc.from, " (claiming rank ", hs.hello().rank, ") ended before its "
+                     "handshake finished: ", why));
+          } else {
+            note(cat("the connection from ", inc.from, " ended before its handshake finished: ", why));
+          }
           inc.fd.reset();
-          continue;
         }
-        inc.got += static_cast<size_t>(got);
-        if (inc.got < sizeof(Hello)) continue;
-        Hello h;
-        std::memcpy(&h, inc.buf, sizeof(h));
-        auto refuse = [&](HelloStatus st, const std::string& why) {
-          log(1, cat("rejected a connection from ", inc.from, ": ", why));
-          const auto code = static_cast<uint32_t>(st);
-          ::send(inc.fd.get(), &code, sizeof(code), MSG_NOSIGNAL | MSG_DONTWAIT);
-          inc.fd.reset();
-        };
-        if (h.magic != kHelloMagic) {
-          refuse(HelloStatus::kBadVersion, "not a meshccl peer");
-          continue;
-        }
-        if (h.version != kProtocolVersion) {
-          refuse(HelloStatus::kBadVersion, cat("protocol version ", h.version, ", this rank speaks ", kProtocolVersion));
-          continue;
-        }
-        if (h.tokenLen > kMaxTokenBytes) {
-          refuse(HelloStatus::kBadToken, "wrong job token");
-          continue;
-        }
-        if (inc.got < sizeof(Hello) + h.tokenLen) continue;
-        if (!tokensEqual(config_.token, inc.buf + sizeof(Hello), h.tokenLen)) {
-          refuse(HelloStatus::kBadToken, cat("claims to be rank ", h.rank, " but has the wrong job token"));
-          continue;
-        }
-        const int peer = static_cast<int>(h.rank);
-        if (static_cast<int>(h.size) != size() || peer < 0 || peer >= size() || peer == me || pairs_[peer] == nullptr ||
-            expectedIn[peer] == 0 || h.connCount != pairs_[peer]->conns.size() ||
-            h.connIndex >= pairs_[peer]->conns.size()) {
-          refuse(HelloStatus::kBadRank, cat("rank ", h.rank, " of a world of ", h.size, " (connection ", h.connIndex,
-                                            " of ", h.connCount, ") is not expected here: the hostfiles differ?"));
-          continue;
-        }
-        if (pairs_[peer]->conns[h.connIndex] != nullptr) {
-          refuse(HelloStatus::kDuplicate, cat("rank ", peer, " connected twice as connection ", h.connIndex));
-          continue;
-        }
-        const uint32_t ok = static_cast<uint32_t>(HelloStatus::kOk);
-        if (::send(inc.fd.get(), &ok, sizeof(ok), MSG_NOSIGNAL) != sizeof(ok)) {
-          inc.fd.reset();
-          continue;
-        }
-        install(peer, static_cast<int>(h.connIndex), std::move(inc.fd), inc.from);
-        --expectedIn[peer];
-        --missingIn;
-        log(2, cat("accepted rank ", peer, " from ", inc.from, " (connection ", h.connIndex, ")"));
       }
     }
     in.erase(std::remove_if(in.begin(), in.end(), [](const Incoming& x) { return !x.fd; }), in.end());
   }
+  reportSuppressed(true);
   listeners_.clear();  // nobody else may connect once the job is wired
   for (auto* pr : pairs_) {
     if (pr == nullptr) continue;

@@ -95,6 +95,9 @@ Context::Context(Config config) : config_(std::move(config)) {
                   config_.connsPerLink);
   MESHCCL_ENFORCE(config_.timeoutSeconds > 0, "timeout must be > 0 s");
   MESHCCL_ENFORCE(config_.connectTimeoutSeconds > 0, "connect timeout must be > 0 s");
+  MESHCCL_ENFORCE(config_.handshakeTimeoutSeconds > 0, "handshake timeout must be > 0 s");
+  MESHCCL_ENFORCE(config_.maxPendingHandshakes >= 1, "at least one pending handshake must be allowed, got ",
+                  config_.maxPendingHandshakes);
   MESHCCL_ENFORCE(config_.token.size() <= kMaxTokenBytes, "job token longer than ", kMaxTokenBytes, " bytes");
   if (config_.token.empty() && config_.size > 1) {
     if (!config_.allowNoToken) {

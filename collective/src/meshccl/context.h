@@ -64,6 +64,11 @@ struct Config {
   int connsPerLink = 2;           // TCP connections per link
   double timeoutSeconds = 300.0;  // per operation
   double connectTimeoutSeconds = 60.0;
+  // Every incoming connection must finish its handshake within this time (or the connect
+  // timeout, if shorter), and at most maxPendingHandshakes may be unfinished at once (a new one
+  // drops the oldest): idle or slow strangers cannot hold a rank's descriptors or stall the job.
+  double handshakeTimeoutSeconds = 5.0;
+  int maxPendingHandshakes = 64;
   // Global facts about the connection graph, the same on every rank (computed by the bootstrap
   // from the whole hostfile): every pair of ranks connected / rank r connected to r+1 mod size.
   bool complete = false;
@@ -85,6 +90,18 @@ struct Config {
   // through the rings. 0: never.
   size_t singleCopyBytes = 256 << 10;
   int logLevel = 1;                 // 0 quiet, 1 rejections and failures, 2 connect progress
+};
+
+// What the connect phase saw: for diagnostics and tests (none of it is secret).
+struct ConnectStats {
+  uint64_t pollRounds = 0;      // waits in poll() of the connect loop
+  uint64_t accepted = 0;        // connections taken from the listeners
+  uint64_t rejected = 0;        // refused by the handshake: malformed hello, unexpected rank, failed proof, duplicate
+  uint64_t closedEarly = 0;     // closed (or failed) by the other end before the handshake finished
+  uint64_t timedOut = 0;        // dropped: no complete handshake within the handshake timeout
+  uint64_t evicted = 0;         // dropped as the oldest pending handshake (cap reached, or to free a descriptor)
+  uint64_t acceptBackoffs = 0;  // accept() failed for want of descriptors or memory: listening paused
+  uint64_t logsSuppressed = 0;  // rejection lines not written one by one (rate limit)
 };
 
 class Context;
@@ -134,9 +151,9 @@ struct Pair {
 
 class Context {
  public:
-  // Listens, connects to every peer (bounded retry until connectTimeoutSeconds), checks the
-  // job token of every incoming connection. Raises kBootstrap / kTimeout / kAuth naming ranks
-  // and addresses.
+  // Listens, connects to every peer (bounded retry until connectTimeoutSeconds); every
+  // connection proves the job token both ways (handshake.h) and strangers are dropped while the
+  // job goes on forming. Raises kBootstrap / kTimeout / kAuth naming ranks and addresses.
   explicit Context(Config config);
   ~Context();
   Context(const Context&) = delete;
@@ -158,6 +175,7 @@ class Context {
   bool allOnHost() const { return allOnHost_; }
   int peerPid(int peer) const { return pairs_[peer]->pid; }
   void setTimeout(double seconds);
+  const ConnectStats& connectStats() const { return connectStats_; }
 
   // Raises the stored error if an earlier failure poisoned the context.
   void checkHealthy() const;
@@ -215,6 +233,7 @@ class Context {
   Req* newReq();
 
   Config config_;
+  ConnectStats connectStats_;
   std::vector<Fd> listeners_;
   std::vector<std::unique_ptr<Pair>> pairStorage_;
   std::vector<Pair*> pairs_;         // by rank; nullptr where no link

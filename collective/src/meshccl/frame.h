@@ -20,9 +20,9 @@ constexpr uint32_t kFrameMagic = 0x4d430000u;  // "MC" in the high half, frame t
 constexpr uint32_t kFrameData = 1;
 constexpr uint32_t kFrameAbort = 2;
 
-// Handshake on connect (connector -> acceptor), then a 4-byte status back.
-constexpr uint32_t kHelloMagic = 0x4d43434cu;  // "MCCL"
-constexpr uint16_t kProtocolVersion = 1;
+// The connect handshake (protocol version 2, mutual proof of the job token) is in handshake.h.
+constexpr uint16_t kProtocolVersion = 2;
+// The token is an HMAC key and never travels; the bound only keeps configurations sane.
 constexpr size_t kMaxTokenBytes = 256;
 
 enum class Collective : uint8_t {
@@ -64,20 +64,7 @@ struct FrameHeader {
   uint64_t count;
   uint64_t len;
 };
-
-struct Hello {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t tokenLen;
-  uint32_t rank;
-  uint32_t size;
-  uint32_t connIndex;
-  uint32_t connCount;
-};
 #pragma pack(pop)
 static_assert(sizeof(FrameHeader) == 32, "frame header is 32 bytes on the wire");
-static_assert(sizeof(Hello) == 24, "hello is 24 bytes on the wire");
-
-enum class HelloStatus : uint32_t { kOk = 0, kBadToken = 1, kBadRank = 2, kDuplicate = 3, kBadVersion = 4 };
 
 }  // namespace meshccl

@@ -118,7 +118,10 @@ Fd listenOn(const SockAddr& addr) {
 
 Fd startConnect(const SockAddr& addr, int* err) {
   Fd fd(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd) raise(ErrorKind::kIo, cat("socket() for ", addr.text, ": ", std::strerror(errno)));
+  if (!fd) {  // out of descriptors (EMFILE) or memory, most likely: the caller retries later
+    *err = errno;
+    return fd;
+  }
   *err = 0;
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.length) != 0) {
     *err = errno == EINPROGRESS ? 0 : errno;

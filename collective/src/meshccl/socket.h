@@ -40,7 +40,9 @@ class Fd {
 };
 
 Fd listenOn(const SockAddr& addr);
-// Starts a non-blocking connect; returns the socket (connect in progress or done).
+// Starts a non-blocking connect; returns the socket (connect in progress or done). *err is the
+// errno of a connect that failed at once, or of socket() itself (then no socket is returned:
+// out of descriptors, say), for the caller to retry.
 Fd startConnect(const SockAddr& addr, int* err);
 void setNonBlocking(int fd);
 // TCP_NODELAY always; SO_SNDBUF/SO_RCVBUF when bufferBytes > 0 (0 keeps the kernel's autotuning).
