@@ -22,23 +22,31 @@ prefixed ``[rank|host]``, and what you type (or pipe in) reaches every rank's st
 every rank on every host; so does a host not heard from for --host-timeout seconds (a network
 partition), which the launch names. The exit status is the failed rank's exit code (1 for a lost
 host, 124 on the timeout, 130 on Ctrl-C, 2 when the job never started).
+
+Every rank gets MESHCCL_TOKEN, a fresh job token, and MESHCCL_JOB_ID. A -x variable whose name holds
+TOKEN, KEY, SECRET or PASSWORD, or that --secret names, is a secret: its value goes from this
+command to the ranks only (never to Ansible, a command line, job.json, the logs or the summary,
+which show <hidden>).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import secrets
+import re
 import shlex
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from meshkit import launch_connection, launch_fast
 from meshkit.collection import collection_root, runner_env
 from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
+from meshkit.launch_plan import ENV_NAME, HIDDEN, LaunchError, is_secret, secret_values
 from meshkit.launcher import Launcher, Terminal
 
 
@@ -53,10 +61,29 @@ def host_timeout(text: str) -> float:
 
 
 def parse_env(text: str) -> tuple[str, str]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=VALUE")
-    name, value = text.split("=", 1)
-    return name, value
+    """-x NAME=VALUE, or -x NAME: the value of NAME in this command's own environment (as mpirun's
+    -x takes it), which keeps a secret off every command line."""
+    if "=" in text:
+        name, value = text.split("=", 1)
+        return name, value
+    if not re.match(ENV_NAME, text):
+        # Not repeated: the text may be a secret given without its name.
+        raise argparse.ArgumentTypeError("give NAME=VALUE, or NAME of a variable set here")
+    if text not in os.environ:
+        raise argparse.ArgumentTypeError(f"{text} is not set in this environment; give {text}=VALUE or export it")
+    return text, os.environ[text]
+
+
+def env_name(text: str) -> str:
+    if not re.match(ENV_NAME, text):
+        raise argparse.ArgumentTypeError(f"{text!r}: give an environment variable's name")
+    return text
+
+
+def public_env(args: argparse.Namespace) -> dict[str, str]:
+    """The -x variables as Ansible may see them: every secret's value replaced by <hidden> (the
+    name stays, so the plan lists it; this command puts the value in when the ranks start)."""
+    return {name: (HIDDEN if is_secret(name, args.secret) else value) for name, value in args.env}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -84,8 +111,11 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument("-i", "--inventory", required=True, help="the inventory setup.yml converged")
     launch.add_argument("-r", "--runtime", choices=["meshccl", "mlx", "torch", "mpi", "plain"], default="meshccl")
     launch.add_argument("-n", "--ranks-per-host", type=int, help="ranks on each host (default: the inventory's)")
-    launch.add_argument("-x", "--env", type=parse_env, action="append", default=[], metavar="NAME=VALUE",
-                        help="an environment variable for every rank (repeatable)")  # fmt: skip
+    launch.add_argument("-x", "--env", type=parse_env, action="append", default=[], metavar="NAME[=VALUE]",
+                        help="an environment variable for every rank (repeatable); NAME alone: its value here. "
+                        "A name holding TOKEN, KEY, SECRET or PASSWORD makes it a secret, shown nowhere")  # fmt: skip
+    launch.add_argument("--secret", type=env_name, action="append", default=[], metavar="NAME",
+                        help="the -x variable NAME is a secret too, whatever its name (repeatable)")  # fmt: skip
     launch.add_argument("-t", "--timeout", type=float, default=0, help="stop every rank after this many seconds")
     launch.add_argument("--grace", type=float, default=3.0, help="seconds between SIGTERM and SIGKILL (3)")
     launch.add_argument("--host-timeout", type=host_timeout, default=launch_connection.DEFAULT_HOST_TIMEOUT,
@@ -112,7 +142,8 @@ def prepare(args: argparse.Namespace, program: list[str], job_file: Path, privat
     extravars = {
         "launch_program": program,
         "launch_runtime": args.runtime,
-        "launch_env": dict(args.env),
+        "launch_env": public_env(args),  # secrets' values stay here (see launch())
+        "launch_secret_env": list(args.secret),
         "launch_timeout": args.timeout,
         "launch_grace": args.grace,
         "launch_host_timeout": args.host_timeout,
@@ -136,18 +167,31 @@ def prepare(args: argparse.Namespace, program: list[str], job_file: Path, privat
         return True
 
     cmdline = " ".join(f"-e {json.dumps(v) if not v.startswith('@') else v}" for v in args.extra_vars) or None
-    run = ansible_runner.run(
-        private_data_dir=str(private),
-        playbook="meshkit.cluster.launch",
-        inventory=str(Path(args.inventory).resolve()),
-        extravars=extravars,
-        envvars=envvars,
-        cmdline=cmdline,
-        quiet=True,
-        event_handler=on_event,
-        project_dir=os.getcwd(),  # relative paths (artifacts, ansible.cfg) are the caller's
-    )
+    # ansible-runner records the environment it runs Ansible with (<private>/artifacts/*/command):
+    # a secret -x took from this environment (-x NAME) is not in it. Ansible has no use for it.
+    with environment_without([name for name, _ in args.env if is_secret(name, args.secret)]):
+        run = ansible_runner.run(
+            private_data_dir=str(private),
+            playbook="meshkit.cluster.launch",
+            inventory=str(Path(args.inventory).resolve()),
+            extravars=extravars,
+            envvars=envvars,
+            cmdline=cmdline,
+            quiet=True,
+            event_handler=on_event,
+            project_dir=os.getcwd(),  # relative paths (artifacts, ansible.cfg) are the caller's
+        )
     return run.rc, failures
+
+
+@contextlib.contextmanager
+def environment_without(names: list[str]) -> Iterator[None]:
+    """This process's environment without ``names`` for the duration, then as it was."""
+    kept = {name: os.environ.pop(name) for name in dict.fromkeys(names) if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(kept)
 
 
 def cache_file(args: argparse.Namespace) -> tuple[Path, str]:
@@ -170,7 +214,8 @@ def quick(args: argparse.Namespace, program: list[str]) -> dict | None:
         "program": program,
         "runtime": args.runtime,
         "ranks_per_host": args.ranks_per_host,
-        "env": dict(args.env),
+        "env": dict(args.env),  # planned with every secret's value hidden (launch_plan.build)
+        "secret_env": list(args.secret),
         "timeout": args.timeout,
         "grace": args.grace,
         "host_timeout": args.host_timeout,
@@ -237,7 +282,12 @@ def launch(args: argparse.Namespace) -> int:
         if prepared is None:
             return 2
     job, connections = prepared["job"], prepared["connections"]
-    token = secrets.token_hex(16)
+    try:
+        # The job token, and the values of the -x secrets the plan holds as <hidden>.
+        values = secret_values(job, dict(args.env))
+    except LaunchError as exc:
+        print(f"meshkit launch: {exc}", file=sys.stderr)
+        return 2
     mode = os.fstat(sys.stdin.fileno()).st_mode if not sys.stdin.closed else 0
     broadcast = not args.no_stdin and (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or sys.stdin.isatty())
 
@@ -255,7 +305,7 @@ def launch(args: argparse.Namespace) -> int:
     )
     log_dir = Path(job.get("log_dir") or Path(tempfile.gettempdir()) / "meshkit-launch" / job["job_id"])
     try:
-        hosts = hosts_for(job, connections, token, log_dir, args.host_timeout)
+        hosts = hosts_for(job, connections, values, log_dir, args.host_timeout)
     except MpiError as exc:
         print(f"meshkit launch: {exc}; the job was not started", file=sys.stderr)
         return 2

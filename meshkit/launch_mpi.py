@@ -25,11 +25,12 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from meshkit import launch_connection, launcher
-from meshkit.launcher import HostJob, agent_argv, host_jobs
+from meshkit.launcher import HostJob, agent_argv, host_jobs, with_secrets
 
 TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:(.*)$", re.S)
 ANY_TAG = re.compile(r"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
@@ -79,7 +80,18 @@ def common_env(job: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in first_rank(job)["env"].items() if k not in PER_RANK}
 
 
-def mpirun_argv(job: dict[str, Any], log_dir: Path, connections_file: Path, *, mpirun: str, as_root: bool) -> list[str]:
+def mpirun_argv(
+    job: dict[str, Any],
+    log_dir: Path,
+    connections_file: Path,
+    *,
+    mpirun: str,
+    as_root: bool,
+    env_names: Iterable[str] | None = None,
+) -> list[str]:
+    """mpirun's command line. The ranks' environment goes by name only (``-x NAME``, every name of
+    ``env_names``, else of common_env()): the values are in mpirun's own environment, so a secret
+    (the job token) is on no command line that ps shows."""
     agent = [sys.executable, str(Path(launch_connection.__file__).resolve()), str(connections_file)]
     if any(" " in word for word in agent):
         # mpirun splits plm_rsh_agent at spaces.
@@ -99,17 +111,24 @@ def mpirun_argv(job: dict[str, Any], log_dir: Path, connections_file: Path, *, m
         argv.append("--allow-run-as-root")
     if first.get("cwd"):
         argv += ["--wdir", first["cwd"]]
-    for name in common_env(job):
+    for name in dict.fromkeys(common_env(job) if env_names is None else env_names):
         argv += ["-x", name]
     return [*argv, "--", *first["argv"]]
 
 
 def host_job(
-    job: dict[str, Any], connections: dict[str, dict[str, Any]], log_dir: Path, host_timeout: float | None = None
+    job: dict[str, Any],
+    connections: dict[str, dict[str, Any]],
+    log_dir: Path,
+    host_timeout: float | None = None,
+    *,
+    secret_values: Mapping[str, str],
 ) -> HostJob:
     """The job's one process, mpirun, run by a local agent on the controller (as rank -1). Writes
     the MPI hostfile and the hosts' connections (mode 0600) into the log directory; with
-    ``host_timeout``, each ssh connection to an orted gets keepalives within it."""
+    ``host_timeout``, each ssh connection to an orted gets keepalives within it. mpirun's
+    environment is every rank's, the values of the job's secrets (``secret_values``: the job token
+    and the user's) put in; mpirun passes each on to every MPI rank (-x NAME)."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise MpiError(
@@ -122,8 +141,8 @@ def host_job(
         if host_timeout is not None:
             connections = {host: dict(conn, host_timeout=host_timeout) for host, conn in connections.items()}
         handle.write(json.dumps(connections, indent=1) + "\n")
-    env = common_env(job)
-    argv = mpirun_argv(job, log_dir, connections_file, mpirun=mpirun, as_root=os.geteuid() == 0)
+    env = common_env(job) | with_secrets(job, secret_values)
+    argv = mpirun_argv(job, log_dir, connections_file, mpirun=mpirun, as_root=os.geteuid() == 0, env_names=env)
     return HostJob(
         "controller",
         agent_argv({"kind": "local"}, sys.executable),
@@ -155,14 +174,15 @@ def first_failure(text: str) -> tuple[int, int] | None:
 def hosts_for(
     job: dict[str, Any],
     connections: dict[str, dict[str, Any]],
-    token: str,
+    secret_values: Mapping[str, str],
     log_dir: Path,
     host_timeout: float | None = None,
 ) -> list[HostJob]:
-    """The job's HostJobs: one agent per host, or for MPI the one mpirun on the controller."""
+    """The job's HostJobs: one agent per host, or for MPI the one mpirun on the controller.
+    ``secret_values``: launch_plan.secret_values() (the job token, the user's secrets)."""
     if job["runtime"] == "mpi":
-        return [host_job(job, connections, log_dir, host_timeout)]
-    return host_jobs(job, connections, token, host_timeout)
+        return [host_job(job, connections, log_dir, host_timeout, secret_values=secret_values)]
+    return host_jobs(job, connections, secret_values, host_timeout)
 
 
 class Lines(launcher.Lines):

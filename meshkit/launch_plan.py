@@ -5,6 +5,13 @@ per runtime, the files each host needs and the ports that must be free.
 
 Global ranks are in ring order (hostfiles.ranks): host by host along the ring, each host's ranks
 together, so rank r and r+1 share a cable or a host. Every runtime gets the same rank numbers.
+
+Secrets: the plan never holds a secret value. Every rank of every runtime gets ``MESHCCL_JOB_ID``
+(the job id) and ``MESHCCL_TOKEN``, a fresh job token made when the ranks start; the user's
+variables that are secrets (is_secret(): a name with TOKEN, KEY, SECRET or PASSWORD in it, or one
+marked secret) are planned as HIDDEN and listed in the job's ``secret_env``. Only the launcher puts
+the values in (launcher.host_jobs), in memory, on their way to the ranks: job.json, the logs, the
+summaries and Ansible's results show HIDDEN.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 import os
 import secrets
 import shlex
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +36,36 @@ from cerberus import Validator
 
 RUNTIMES = ("meshccl", "mlx", "torch", "mpi", "plain")
 
+# What a secret's value is shown as, wherever the environment is displayed or written.
+HIDDEN = "<hidden>"
+# A variable whose name holds one of these (any case) is a secret.
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+# Every rank of every runtime: the job's token (a secret, fresh per job) and its id (meshccl mixes
+# the id into its authentication, so a token of another job is no use).
+TOKEN_ENV = "MESHCCL_TOKEN"
+JOB_ID_ENV = "MESHCCL_JOB_ID"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def is_secret(name: str, marked: Iterable[str] = ()) -> bool:
+    """Whether the value of environment variable ``name`` is a secret: its name holds TOKEN, KEY,
+    SECRET or PASSWORD (any case), or it is one of ``marked`` (--secret / launch_secret_env). The
+    one rule: every place that shows, writes or withholds an environment asks here."""
+    upper = name.upper()
+    return any(word in upper for word in SECRET_WORDS) or upper in {str(m).upper() for m in marked}
+
+
+def redact(env: Mapping[str, Any], marked: Iterable[str] = ()) -> dict[str, Any]:
+    """``env`` as it may be shown: every secret's value HIDDEN."""
+    marked = list(marked)
+    return {k: (HIDDEN if is_secret(k, marked) else v) for k, v in env.items()}
+
+
+def new_token() -> str:
+    """A fresh job token: 32 random bytes, hex."""
+    return secrets.token_hex(32)
+
+
 # launch.yml's variables (launch_<name>), validated before anything starts.
 SCHEMA: dict[str, dict[str, Any]] = {
     "program": {
@@ -40,9 +78,10 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "ranks_per_host": {"type": "integer", "min": 1, "max": 256, "coerce": int},
     "env": {
         "type": "dict",
-        "keysrules": {"type": "string", "regex": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+        "keysrules": {"type": "string", "regex": ENV_NAME},
         "valuesrules": {"type": ["string", "integer", "float", "boolean"]},
     },
+    "secret_env": {"type": "list", "schema": {"type": "string", "regex": ENV_NAME}},
     "timeout": {"type": ["integer", "float"], "min": 0, "coerce": float},
     "grace": {"type": ["integer", "float"], "min": 0, "max": 120, "coerce": float},
     "host_timeout": {"type": ["integer", "float"], "min": 1, "max": 3600, "coerce": float},
@@ -54,6 +93,7 @@ HINTS = {
     "runtime": f"use one of {', '.join(RUNTIMES)}",
     "ranks_per_host": "use a whole number from 1 to 256",
     "env": "give a mapping of environment variable names to values",
+    "secret_env": "give a list of environment variable names whose values are secrets",
     "timeout": "give seconds (0: no limit)",
     "grace": "give the seconds a stopped rank gets between SIGTERM and SIGKILL (0-120)",
     "host_timeout": "give the seconds without a word from a host before it counts as lost (1-3600; default 20)",
@@ -72,7 +112,7 @@ def validate(given: dict[str, Any]) -> dict[str, Any]:
     validator = Validator(SCHEMA)
     if not validator.validate(doc):
         problems = [
-            f"launch_{name} = {doc.get(name)!r}: {'; '.join(_plain(errs))}; {HINTS.get(name, '')}".rstrip("; ")
+            f"launch_{name} = {_shown(name, doc)!r}: {'; '.join(_plain(errs))}; {HINTS.get(name, '')}".rstrip("; ")
             for name, errs in sorted(validator.errors.items())
         ]
         raise LaunchError("bad launch settings; nothing was started:\n  - " + "\n  - ".join(problems))
@@ -87,7 +127,17 @@ def validate(given: dict[str, Any]) -> dict[str, Any]:
             raise LaunchError(f"launch_program is empty; {HINTS['program']}")
     out["program"] = program
     out["env"] = {k: _env_value(v) for k, v in (out.get("env") or {}).items()}
+    out["secret_env"] = list(dict.fromkeys(out.get("secret_env") or []))
     return out
+
+
+def _shown(name: str, doc: dict[str, Any]) -> Any:
+    """A setting's value as an error message may show it: an environment's secrets hidden."""
+    value = doc.get(name)
+    if name == "env" and isinstance(value, Mapping):
+        marked = doc.get("secret_env")
+        return redact({str(k): v for k, v in value.items()}, marked if isinstance(marked, list) else [])
+    return value
 
 
 def _plain(errors: list[Any]) -> list[str]:
@@ -123,6 +173,9 @@ class Job:
     job_dir: str
     ports: dict[str, list[list[Any]]] = field(default_factory=dict)  # host -> [[address, port, what], ...]
     notes: list[str] = field(default_factory=list)
+    # The variables every rank gets whose values are secrets, HIDDEN in ``ranks``: the launcher puts
+    # the values in (launcher.host_jobs). TOKEN_ENV always; then the user's secrets.
+    secret_env: list[str] = field(default_factory=lambda: [TOKEN_ENV])
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +187,7 @@ class Job:
             "files": self.files,
             "ports": self.ports,
             "notes": self.notes,
+            "secret_env": self.secret_env,
         }
 
     def hosts(self) -> list[str]:
@@ -160,7 +214,8 @@ def build(
 ) -> Job:
     """Plan every rank of a job. ``settings`` comes from validate(). ``bin_dirs``: per host, a
     directory put in front of the ranks' PATH (meshccl's virtual environment), unless the user's
-    own env sets PATH."""
+    own env sets PATH. No secret value is kept: the user's secrets (is_secret(), with the
+    settings' ``secret_env`` marked) and the job token are HIDDEN and named in ``secret_env``."""
     runtime = settings.get("runtime") or "meshccl"
     per_host = int(settings.get("ranks_per_host") or 1)
     mlx_port = int(settings.get("mlx_port") or MLX_STARTING_PORT)
@@ -215,11 +270,18 @@ def build(
     elif runtime == "torch":
         ports[order[0]].append(["0.0.0.0", master_port, "torch MASTER_PORT (rank 0's store)"])
 
+    marked = list(settings.get("secret_env") or [])
+    user_env = dict(settings.get("env") or {})
+    hidden = [TOKEN_ENV, *(name for name in user_env if name != TOKEN_ENV and is_secret(name, marked))]
+    user_env = {name: (HIDDEN if name in hidden else value) for name, value in user_env.items()}
     out_ranks = []
     for r in ranks:
         host = r["host"]
         env = {
             "MESHKIT_JOB_ID": job_id,
+            # Every runtime: meshccl may be used under any of them (torchrun's variables, MLX's).
+            JOB_ID_ENV: job_id,
+            TOKEN_ENV: HIDDEN,
             "MESHKIT_RANK": str(r["rank"]),
             "MESHKIT_WORLD_SIZE": str(world),
             "MESHKIT_LOCAL_RANK": str(r["local_rank"]),
@@ -257,7 +319,7 @@ def build(
             # uses; point-to-point cables reach only the hosts they join, the management network
             # reaches all (as for Gloo).
             env["OMPI_MCA_btl_tcp_if_include"] = ",".join(sorted(set(filter(None, management_interface.values()))))
-        env |= settings.get("env") or {}
+        env |= user_env
         spec = {"argv": list(settings["program"]), "env": env, "cwd": settings.get("cwd")}
         if (bin_dirs or {}).get(host) and "PATH" not in env:
             spec["path_prepend"] = [bin_dirs[host]]
@@ -266,7 +328,7 @@ def build(
         notes.append("MPI ranks: MESHKIT_RANK is not set per rank; use MPI's own rank (OMPI_COMM_WORLD_RANK)")
     if runtime == "torch" and not management_interface:
         notes.append("GLOO_SOCKET_IFNAME not set: no management interface known")
-    return Job(job_id, runtime, world, out_ranks, files, job_dir, ports, notes)
+    return Job(job_id, runtime, world, out_ranks, files, job_dir, ports, notes, hidden)
 
 
 def stale_hosts(plan: dict[str, Any], manifests: dict[str, str | None], state_dir: str) -> list[str]:
@@ -372,15 +434,48 @@ def make_job(
     return out
 
 
+def secret_values(job: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, str]:
+    """The values of the job's ``secret_env``, for the launcher to put into the ranks' environment:
+    a fresh job token (unless ``given`` has one), and each of the user's secrets from ``given``
+    (the environment as the user gave it: launch_env, -x). LaunchError naming any without a value."""
+    token = given.get(TOKEN_ENV)
+    out = {TOKEN_ENV: new_token() if token in (None, "", HIDDEN) else _env_value(token)}
+    missing = []
+    for name in job.get("secret_env") or []:
+        if name == TOKEN_ENV:
+            continue
+        value = given.get(name)
+        if value is None or value == HIDDEN:
+            missing.append(name)
+        else:
+            out[name] = _env_value(value)
+    if missing:
+        raise LaunchError(
+            f"job {job.get('job_id')}: no value for the secret variable {', '.join(missing)}; give it in launch_env "
+            "(meshkit launch: -x NAME=VALUE); nothing was started"
+        )
+    return out
+
+
+def shown(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The job as it may be written or shown: every rank's secrets HIDDEN (the job's ``secret_env``
+    and whatever else is_secret() says is one). The plan holds no secret value anyway
+    (build()); this is the last word before anything is written."""
+    marked = list(data.get("secret_env") or [])
+    out = dict(data)
+    out["ranks"] = [dict(r, env=redact(r.get("env") or {}, marked)) for r in data.get("ranks") or []]
+    return out
+
+
 def record_job(data: dict[str, Any], dest: str | None) -> dict[str, Any]:
-    """Write the job as planned to <dest>/<job id>/job.json (no token: that is made when the
-    ranks start), the directory its logs go to; the job with its log_dir."""
+    """Write the job as planned to <dest>/<job id>/job.json (secrets HIDDEN: shown()), the directory
+    its logs go to; the job with its log_dir. Never called in check mode: that writes nothing."""
     if not dest:
         return data
     where = Path(dest) / data["job_id"]
     where.mkdir(parents=True, exist_ok=True)
     os.chmod(where, 0o700)
-    (where / "job.json").write_text(json.dumps(data, indent=1) + "\n")
+    (where / "job.json").write_text(json.dumps(shown(data), indent=1) + "\n")
     return data | {"log_dir": str(where)}
 
 

@@ -33,7 +33,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -46,6 +46,7 @@ from meshkit.launch_connection import (
     nsenter_argv,
     ssh_argv,
 )
+from meshkit.launch_plan import JOB_ID_ENV, TOKEN_ENV
 
 # Reads the agent's source (10-digit length, then the bytes) from stdin and runs it. Kept free of
 # quotes that a remote shell would mangle; it is quoted as one word anyway.
@@ -212,10 +213,17 @@ class JobResult:
 
 
 def host_jobs(
-    job: dict[str, Any], connections: dict[str, dict[str, Any]], token: str, host_timeout: float | None = None
+    job: dict[str, Any],
+    connections: dict[str, dict[str, Any]],
+    secret_values: Mapping[str, str],
+    host_timeout: float | None = None,
 ) -> list[HostJob]:
-    """One HostJob per host of the job, ranks with their environment (and the job token). An ssh
-    connection gets keepalives and a connect timeout within ``host_timeout``."""
+    """One HostJob per host of the job, ranks with their environment: the plan's, with the values
+    of the job's secrets put in (``secret_values``, from launch_plan.secret_values(): the job token
+    MESHCCL_TOKEN, every rank of every runtime, and the user's secrets). Those values go to the
+    hosts in the agents' input (never a command line) and are written nowhere. An ssh connection
+    gets keepalives and a connect timeout within ``host_timeout``."""
+    values = with_secrets(job, secret_values)
     out = []
     for host in dict.fromkeys(r["host"] for r in job["ranks"]):
         conn = connections[host]
@@ -225,10 +233,7 @@ def host_jobs(
         for r in job["ranks"]:
             if r["host"] != host:
                 continue
-            env = dict(r["env"])
-            if job["runtime"] == "meshccl":
-                env["MESHCCL_TOKEN"] = token
-            spec = {"rank": r["rank"], "argv": r["argv"], "env": env, "cwd": r.get("cwd")}
+            spec = {"rank": r["rank"], "argv": r["argv"], "env": dict(r["env"], **values), "cwd": r.get("cwd")}
             if r.get("path_prepend"):
                 spec["path_prepend"] = r["path_prepend"]
             ranks.append(spec)
@@ -242,6 +247,16 @@ def host_jobs(
             )
         )
     return out
+
+
+def with_secrets(job: dict[str, Any], secret_values: Mapping[str, str]) -> dict[str, str]:
+    """What every rank's environment gets on top of the plan's: the job id and the values of the
+    job's secrets (the token always). ValueError when a secret of the job has no value here."""
+    names = [TOKEN_ENV, *(n for n in job.get("secret_env") or [] if n != TOKEN_ENV)]
+    missing = [n for n in names if not isinstance(secret_values.get(n), str)]
+    if missing:
+        raise ValueError(f"job {job['job_id']}: no value for {', '.join(missing)}")
+    return {JOB_ID_ENV: str(job["job_id"]), **{n: secret_values[n] for n in names}}
 
 
 # A line to show: (the rank it belongs to, or None for the launched process's own words (mpirun's);
@@ -904,11 +919,3 @@ def threading_main() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-# Environment variables whose values never reach a log or a summary.
-SECRET_ENV = ("MESHCCL_TOKEN",)
-
-
-def redact(env: dict[str, str]) -> dict[str, str]:
-    return {k: ("<hidden>" if k in SECRET_ENV else v) for k, v in env.items()}

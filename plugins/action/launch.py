@@ -1,11 +1,14 @@
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Action plugin: start a planned job on every host, supervise it, fail fast, collect the logs."""
+"""Action plugin: start a planned job on every host, supervise it, fail fast, collect the logs.
+
+The job (launch_plan's) holds its secrets as <hidden>; their values are read here from the task's
+variables (``env_var``: launch.yml's ``launch_env``), never from the task's arguments, and go with a
+fresh job token to the ranks only (launcher.host_jobs): no result, log or summary has them."""
 
 from __future__ import annotations
 
 import json
-import secrets
 from pathlib import Path
 
 from ansible import constants
@@ -22,7 +25,7 @@ try:  # the controller package (pip install meshkit); the collection's hosts nev
     )
     from meshkit.launch_fast import context_of
     from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
-    from meshkit.launch_plan import preflight_problems
+    from meshkit.launch_plan import LaunchError, preflight_problems, secret_values
     from meshkit.launcher import Launcher, Terminal
 except ImportError as exc:
     MESHKIT_IMPORT_ERROR: ImportError | None = exc
@@ -78,6 +81,15 @@ class ActionModule(ActionBase):
                 f"lost (1-3600; default {DEFAULT_HOST_TIMEOUT:g}); no rank of job {job['job_id']} was started"
             )
         return seconds
+
+    def _given_env(self, args: dict, task_vars: dict) -> dict:
+        """The job's environment as the user gave it (the values of its secrets are wanted): the
+        variable ``env_var`` names, templated here, so no value is ever a task argument."""
+        name = args.get("env_var")
+        if not name or task_vars.get(name) is None:
+            return {}
+        found = self._templar.template(task_vars[name])
+        return dict(found) if isinstance(found, dict) else {}
 
     def _ssh_options(self, hv) -> dict:
         """A host's ssh connection options as Ansible itself resolves them for the ssh plugin:
@@ -152,7 +164,13 @@ class ActionModule(ActionBase):
             result["changed"] = False
             result["msg"] = host_timeout
             return result
-        token = secrets.token_hex(16)
+        try:
+            values = secret_values(job, self._given_env(args, task_vars))
+        except LaunchError as exc:
+            result["failed"] = True
+            result["changed"] = False
+            result["msg"] = str(exc)
+            return result
         log_dir = Path(args.get("log_dir") or job.get("log_dir") or f"artifacts/launch/{job['job_id']}")
         quiet = bool(args.get("quiet"))
 
@@ -165,7 +183,7 @@ class ActionModule(ActionBase):
                 display.display(text)
 
         try:
-            hosts = hosts_for(job, connections, token, log_dir, host_timeout)
+            hosts = hosts_for(job, connections, values, log_dir, host_timeout)
         except MpiError as exc:
             result["failed"] = True
             result["changed"] = False

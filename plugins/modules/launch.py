@@ -30,7 +30,10 @@ description:
   - MPI jobs (one C(mpirun) on the controller) have each MPI rank's lines taken from C(mpirun)'s tagged output, kept
     in C(rank-N.log) and their last lines in the summary's C(rank_output); an error C(mpirun) reports and does not
     recover from fails the job within 5 s.
-  - C(MESHCCL_TOKEN), a fresh random job token, is given to meshccl ranks and written nowhere.
+  - Every rank of every runtime gets C(MESHCCL_TOKEN), a fresh random job token (32 bytes), and C(MESHCCL_JOB_ID).
+    The token, and the values of the job's other secrets (O(job)'s C(secret_env), read from the variable O(env_var)),
+    go to the ranks in the supervisors' input (for MPI, in C(mpirun)'s environment, passed on with C(-x NAME)) and are
+    on no command line, in no result, log or summary.
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
@@ -63,6 +66,12 @@ options:
         the host counts as lost. The job's own (launch_plan's C(host_timeout) setting) by default, else launch.yml's
         C(launch_host_timeout), else 20.
     type: float
+  env_var:
+    description:
+      - The name of a variable (a mapping, launch.yml's C(launch_env)) holding the job's environment as the user
+        gave it; the values of the job's secrets (O(job)'s C(secret_env), C(<hidden>) in O(job)) are taken from it.
+        Read from the task's variables, so no secret value is ever a task argument.
+    type: str
   prepare_to:
     description: Start nothing; write the checked job and every host's connection to this file (what C(meshkit launch)
       runs itself, with stdin).

@@ -16,6 +16,12 @@ description:
     C(MLX_IBV_DEVICES) and C(MLX_JACCL_COORDINATOR) for JACCL), PyTorch (C(RANK), C(WORLD_SIZE), C(LOCAL_RANK),
     C(MASTER_ADDR), C(MASTER_PORT), the NCCL variables from the RDMA facts, C(GLOO_SOCKET_IFNAME)) - plus the
     user's own variables, and lists the files each host needs and the ports that must be free.
+  - Every rank of every runtime also gets C(MESHCCL_JOB_ID) (the job id) and C(MESHCCL_TOKEN), planned as
+    C(<hidden>): M(meshkit.cluster.launch) makes a fresh token per job.
+  - A variable of the user's whose name holds C(TOKEN), C(KEY), C(SECRET) or C(PASSWORD) (any case), or that the
+    settings' C(secret_env) names, is a secret - the job (returned, and written to C(job.json)) holds it as
+    C(<hidden>) and lists it in its C(secret_env); M(meshkit.cluster.launch) puts the value in. In check mode
+    nothing is written.
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
@@ -31,8 +37,9 @@ options:
     type: dict
     required: true
   settings:
-    description: "The launch settings: program, runtime, ranks_per_host, env, timeout, grace, host_timeout, cwd,
-      mlx_port."
+    description: "The launch settings: program, runtime, ranks_per_host, env, secret_env (names whose values are
+      secrets), timeout, grace, host_timeout, cwd, mlx_port. Secrets given in C(env) are task arguments (give
+      them through O(env_var) instead)."
     type: dict
     required: true
   state_dir:
@@ -65,6 +72,10 @@ options:
     description: Per host, a directory put in front of the ranks' C(PATH) (meshccl's virtual environment), unless
       the job's own environment sets C(PATH).
     type: dict
+  env_var:
+    description: The name of a variable (a mapping, launch.yml's C(launch_env)) read from the task's variables
+      for the job's environment (over the settings' C(env)), so no secret value is ever a task argument.
+    type: str
   job_id:
     description: The job's id; a time stamp and a random suffix when not given.
     type: str
@@ -76,7 +87,7 @@ options:
     description: Per host, the text of its C(torch.env); its C(NCCL_*) variables go to PyTorch ranks.
     type: dict
   dest:
-    description: Where the job's directory (C(job.json), the logs) is made on the controller.
+    description: Where the job's directory (C(job.json), the logs) is made on the controller (not in check mode).
     type: path
 """
 
@@ -92,7 +103,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 job:
-  description: The job - id, runtime, world size, per-rank host/argv/env, per-host files and ports, log directory.
+  description: The job - id, runtime, world size, per-rank host/argv/env (secrets C(<hidden>)), per-host files and
+    ports, log directory, C(secret_env) (the variables whose values are hidden).
   returned: success
   type: dict
 inputs:

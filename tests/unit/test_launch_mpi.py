@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -222,10 +223,20 @@ def mpi_job(tmp_path: Path):
         pytest.fail("mpirun is not installed here: apt install openmpi-bin (bench/system-deps)")
     job_id = f"mpi-{uuid.uuid4().hex[:12]}"
 
-    def run(argv: list[str], more: list[str] | None = None, grace: float = 5.0, timeout: float = 60):
+    def run(
+        argv: list[str],
+        more: list[str] | None = None,
+        grace: float = 5.0,
+        timeout: float = 60,
+        secrets: dict[str, str] | None = None,
+    ):
         job = local_job(job_id, argv)
         connections = {"hostA": {"kind": "local"}, "hostB": {"kind": "local"}}
-        host = launch_mpi.host_job(job, connections, tmp_path / "logs")
+        values = secrets or {"MESHCCL_TOKEN": uuid.uuid4().hex}
+        job["secret_env"] = list(values)
+        for r in job["ranks"]:
+            r["env"].update(dict.fromkeys(values, "<hidden>"))  # as launch_plan plans them
+        host = launch_mpi.host_job(job, connections, tmp_path / "logs", secret_values=values)
         mpirun_argv = host.ranks[0]["argv"]
         # Two "hosts" of one machine: each orted gets a temporary directory of its own, as it
         # would on a machine of its own. Two orteds of one hostname share Open MPI's session
@@ -283,6 +294,43 @@ def test_mpirun_output_is_taken_apart_per_rank_with_each_ranks_own_log_and_last_
     assert {**out[3], "last_lines": sorted(out[3]["last_lines"])} == {"rank": 3, "host": "hostB", "last_lines": both}
     assert not (logs / "mpi").exists()  # no per-rank files of mpirun's own any more
     assert result.wall < 30
+
+
+# Each MPI rank: the sha256 of its token and API_TOKEN, and whether any process of this machine (mpirun,
+# every orted, the rsh agents, the ranks) has either value on its command line while the job runs.
+SECRET_CHECK = """
+import hashlib, os, sys
+values = [os.environ["MESHCCL_TOKEN"], os.environ["API_TOKEN"]]
+leaks = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        continue
+    leaks += [pid for v in values if v.encode() in argv]
+sha = [hashlib.sha256(v.encode()).hexdigest() for v in values]
+print("rank", os.environ["OMPI_COMM_WORLD_RANK"], "token", sha[0], "api", sha[1], "leaks", leaks or "none")
+"""
+
+
+def test_mpirun_gives_every_mpi_rank_the_token_and_the_secrets_on_no_command_line(mpi_job, tmp_path):
+    token, api = uuid.uuid4().hex + uuid.uuid4().hex, f"api-{uuid.uuid4().hex}"
+    values = {"MESHCCL_TOKEN": token, "API_TOKEN": api}
+    _job, result, shown = mpi_job([sys.executable, "-c", SECRET_CHECK], secrets=values)
+    assert result.ok, (result.summary(), shown)
+    sha = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in values.items()}
+    said = sorted(line.split("] ", 1)[1] for line in shown if "] rank " in line)
+    assert said == [f"rank {r} token {sha['MESHCCL_TOKEN']} api {sha['API_TOKEN']} leaks none" for r in range(4)], shown
+    # mpirun passes them by name (its environment holds the values).
+    [mpirun] = result.ranks
+    exported = [mpirun.argv[i + 1] for i, a in enumerate(mpirun.argv) if a == "-x"]
+    assert {"MESHCCL_TOKEN", "API_TOKEN", "MESHCCL_JOB_ID"} <= set(exported), mpirun.argv
+    assert not any(token in a or api in a for a in mpirun.argv)
+    # Nothing the launch wrote has either value.
+    for path in (tmp_path / "logs").rglob("*"):
+        if path.is_file():
+            text = path.read_bytes()
+            assert token.encode() not in text and api.encode() not in text, path
 
 
 def test_mpirun_hanging_on_its_own_error_is_stopped_after_the_grace(mpi_job):

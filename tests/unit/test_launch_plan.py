@@ -132,7 +132,7 @@ def test_env_values_become_strings_and_numbers_are_coerced() -> None:
 
 def test_unset_variables_are_left_out_and_cwd_may_be_null() -> None:
     out = validate({"program": "x", "runtime": None, "ranks_per_host": None, "env": None, "cwd": None})
-    assert out == {"program": ["x"], "cwd": None, "env": {}}
+    assert out == {"program": ["x"], "cwd": None, "env": {}, "secret_env": []}
 
 
 # ---- build: ranks, meshccl ---------------------------------------------------------------------
@@ -168,6 +168,8 @@ def test_meshccl_is_the_default_with_its_hostfile_and_common_env(ring: dict[str,
         "MESHKIT_WORLD_SIZE": "8",
         "MESHKIT_LOCAL_RANK": "1",
         "MESHKIT_HOST": "node2",
+        "MESHCCL_JOB_ID": JOB,
+        "MESHCCL_TOKEN": "<hidden>",  # the launcher puts a fresh one in
         "PYTHONUNBUFFERED": "1",
         "MESHCCL_RANK": "5",
         "MESHCCL_WORLD_SIZE": "8",
@@ -228,6 +230,8 @@ def test_torch_env_master_nccl_and_gloo_interface(ring: dict[str, Any]) -> None:
     )
     rank5 = job.ranks[5]["env"]
     assert {k: rank5[k] for k in rank5 if not k.startswith("MESHKIT_")} == {
+        "MESHCCL_JOB_ID": JOB,
+        "MESHCCL_TOKEN": "<hidden>",
         "PYTHONUNBUFFERED": "1",
         "RANK": "5",
         "WORLD_SIZE": "8",
@@ -251,7 +255,7 @@ def test_torch_env_master_nccl_and_gloo_interface(ring: dict[str, Any]) -> None:
     )
     written = {k: v.strip("'") for k, v in (line.split("=", 1) for line in files["torch.env"].splitlines()[3:])}
     assert written == {k: v for k, v in rank5.items() if k not in ("RANK", "LOCAL_RANK", "PYTHONUNBUFFERED")
-                       and not k.startswith("MESHKIT_")}  # fmt: skip
+                       and not k.startswith(("MESHKIT_", "MESHCCL_"))}  # fmt: skip
     assert all("MESHCCL_RANK" not in r["env"] for r in job.ranks)
     assert job.files == {h: {} for h in ORDER}
     assert job.ports == {"node1": [["0.0.0.0", 29555, "torch MASTER_PORT (rank 0's store)"]]} | {
@@ -285,6 +289,8 @@ def test_plain_gets_only_meshkit_variables_and_user_env_overrides(ring: dict[str
         "MESHKIT_WORLD_SIZE": "4",
         "MESHKIT_LOCAL_RANK": "0",
         "MESHKIT_HOST": "mine",
+        "MESHCCL_JOB_ID": JOB,
+        "MESHCCL_TOKEN": "<hidden>",
         "PYTHONUNBUFFERED": "0",
         "EXTRA": "7",
     }

@@ -37,7 +37,6 @@ from meshkit.launcher import (
     Terminal,
     agent_argv,
     host_jobs,
-    redact,
 )
 
 LOCAL = agent_argv({"kind": "local"}, sys.executable)
@@ -624,7 +623,7 @@ def plan_of_ring() -> dict[str, Any]:
     return build_plan(["node1", "node2", "node3"], obs, "10.50.0.0/24", "", False).as_dict()
 
 
-def test_host_jobs_group_ranks_by_host_and_add_the_meshccl_token() -> None:
+def test_host_jobs_group_ranks_by_host_and_add_the_job_token_to_every_runtime() -> None:
     plan = plan_of_ring()
     settings = launch_plan.validate({"program": "python3 t.py", "ranks_per_host": 2})
     job = launch_plan.build(plan, settings, job_id="j", state_dir="/s", cluster="c", ssh={}).as_dict()
@@ -633,7 +632,7 @@ def test_host_jobs_group_ranks_by_host_and_add_the_meshccl_token() -> None:
         "node2": {"kind": "nsenter", "pid": 7},
         "node3": {"kind": "ssh", "host": "10.9.0.3"},
     }
-    shares = host_jobs(job, connections, "sekret")
+    shares = host_jobs(job, connections, {"MESHCCL_TOKEN": "sekret"})
     assert [hj.host for hj in shares] == list(dict.fromkeys(r["host"] for r in job["ranks"]))
     first = shares[0]
     assert first.argv == ["/usr/bin/python3", "-u", "-c", BOOTSTRAP]
@@ -642,14 +641,21 @@ def test_host_jobs_group_ranks_by_host_and_add_the_meshccl_token() -> None:
     assert [r["rank"] for r in first.ranks] == [0, 1]
     assert first.files == {"meshccl.json": job["files"][first.host]["meshccl.json"]}
     assert all(r["env"]["MESHCCL_TOKEN"] == "sekret" for hj in shares for r in hj.ranks)
-    assert "MESHCCL_TOKEN" not in job["ranks"][0]["env"]  # the plan itself is not changed
-    assert redact(first.ranks[0]["env"])["MESHCCL_TOKEN"] == "<hidden>"
-    assert redact(first.ranks[0]["env"])["MESHCCL_RANK"] == "0"
+    assert all(r["env"]["MESHCCL_JOB_ID"] == "j" for hj in shares for r in hj.ranks)
+    assert job["ranks"][0]["env"]["MESHCCL_TOKEN"] == "<hidden>"  # the plan itself is not changed
+    assert launch_plan.redact(first.ranks[0]["env"])["MESHCCL_TOKEN"] == "<hidden>"
+    assert launch_plan.redact(first.ranks[0]["env"])["MESHCCL_RANK"] == "0"
 
-    plain = launch_plan.build(
-        plan, {**settings, "runtime": "plain"}, job_id="j", state_dir="/s", cluster="c", ssh={}
-    ).as_dict()
-    assert all("MESHCCL_TOKEN" not in r["env"] for hj in host_jobs(plain, connections, "t") for r in hj.ranks)
+    # Every runtime's ranks get the token and the job id (meshccl may run under any of them).
+    for runtime in ("plain", "torch", "mlx"):
+        other = launch_plan.build(
+            plan, {**settings, "runtime": runtime}, job_id="j", state_dir="/s", cluster="c", ssh={}
+        ).as_dict()
+        envs = [r["env"] for hj in host_jobs(other, connections, {"MESHCCL_TOKEN": "t"}) for r in hj.ranks]
+        assert len(envs) == 6 and all(e["MESHCCL_TOKEN"] == "t" and e["MESHCCL_JOB_ID"] == "j" for e in envs), runtime
+    # A job without its token's value starts nothing.
+    with pytest.raises(ValueError, match="no value for MESHCCL_TOKEN"):
+        host_jobs(job, connections, {})
 
 
 def test_a_planned_job_runs_end_to_end(tmp_path: Path, job_id: str) -> None:
@@ -661,7 +667,9 @@ def test_a_planned_job_runs_end_to_end(tmp_path: Path, job_id: str) -> None:
         }
     )
     job = launch_plan.build(plan, settings, job_id=job_id, state_dir=str(tmp_path / "state"), cluster="c", ssh={})
-    shares = host_jobs(job.as_dict(), {h: {"kind": "local", "python": sys.executable} for h in job.hosts()}, "t")
+    shares = host_jobs(
+        job.as_dict(), {h: {"kind": "local", "python": sys.executable} for h in job.hosts()}, {"MESHCCL_TOKEN": "t"}
+    )
     result = Launcher(shares, job_id, tmp_path / "logs", grace=1.0).run()
     assert result.ok, result.summary()
     assert [r.tail[-1] for r in result.ranks] == [f"rank {i} of 6" for i in range(6)]
