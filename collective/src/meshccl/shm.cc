@@ -259,7 +259,8 @@ std::unique_ptr<ShmLink> ShmLink::open(const std::string& name, size_t ringBytes
   return link;
 }
 
-void ShmLink::markCorrupt(const std::string& why) const {
+void ShmLink::markCorrupt(bool tx, const std::string& why) const {
+  (tx ? txBroken_ : rxBroken_) = true;
   if (corrupt_.empty()) corrupt_ = cat("shared memory ", why, ": the peer broke the ring protocol (a bug or memory "
                                        "corruption in the peer process)");
 }
@@ -267,10 +268,10 @@ void ShmLink::markCorrupt(const std::string& why) const {
 // The peer's tail may only grow, and never past what this end wrote: then
 // txHead_ - tail <= cap_ follows from the same holding for txTailSeen_.
 bool ShmLink::peerTail(uint64_t* tail) const {
-  if (!corrupt_.empty()) return false;
+  if (txBroken_) return false;
   const uint64_t t = tx_->tail.load(std::memory_order_acquire);
   if (t < txTailSeen_ || t > txHead_) {
-    markCorrupt(cat("ring read position ", t, " written by the peer is outside ", txTailSeen_, "..", txHead_,
+    markCorrupt(true, cat("ring read position ", t, " written by the peer is outside ", txTailSeen_, "..", txHead_,
                     " (what it had read .. what was written)"));
     return false;
   }
@@ -281,10 +282,10 @@ bool ShmLink::peerTail(uint64_t* tail) const {
 
 // The peer's head may only grow, and never more than the ring's size past this end's tail.
 bool ShmLink::peerHead(uint64_t* head) const {
-  if (!corrupt_.empty()) return false;
+  if (rxBroken_) return false;
   const uint64_t h = rx_->head.load(std::memory_order_acquire);
   if (h < rxHeadSeen_ || h - rxTail_ > cap_) {
-    markCorrupt(cat("ring write position ", h, " written by the peer is outside ", rxHeadSeen_, "..", rxTail_ + cap_,
+    markCorrupt(false, cat("ring write position ", h, " written by the peer is outside ", rxHeadSeen_, "..", rxTail_ + cap_,
                     " (what it had written .. this end's read position + the ring's ", cap_, " bytes)"));
     return false;
   }
@@ -343,7 +344,7 @@ void ShmLink::discard(size_t len) {
 void ShmLink::closeWrite() { tx_->closed.store(1, std::memory_order_release); }
 
 bool ShmLink::peerClosedWrite() const {
-  return !corrupt_.empty() || rx_->closed.load(std::memory_order_acquire) != 0;
+  return rxBroken_ || rx_->closed.load(std::memory_order_acquire) != 0;
 }
 
 void ShmLink::publishProcess() {

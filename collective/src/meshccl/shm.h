@@ -76,10 +76,12 @@ class ShmLink {
 
   // The peer broke the rings' protocol: a position it writes went backwards or out of range
   // (a head more than the ring's size ahead of this end's tail, a tail behind what it already
-  // read or ahead of what was written). Nothing is copied on the strength of such a value:
-  // from then on write/read/peek/readable move nothing, peerClosedWrite() is true, and
-  // corruptReason() says what the peer wrote. Never throws (the engine calls these while it
-  // sends ABORTs from a destructor); the engine turns corrupt() into an I/O error.
+  // read or ahead of what was written). Nothing is copied on the strength of such a value: from
+  // then on that direction moves nothing (write() for the outgoing ring; read/peek/readable,
+  // with peerClosedWrite() true, for the incoming one), and corruptReason() says what the peer
+  // wrote. The other direction still works, so an ABORT naming the fault can reach the peer.
+  // Never throws (the engine calls these while it sends ABORTs, also from a destructor); the
+  // engine turns corrupt() into an I/O error.
   bool corrupt() const { return !corrupt_.empty(); }
   const std::string& corruptReason() const { return corrupt_; }
 
@@ -101,7 +103,7 @@ class ShmLink {
   // The peer's position, checked against this end's; false (and the link corrupt) if wrong.
   bool peerTail(uint64_t* tail) const;
   bool peerHead(uint64_t* head) const;
-  void markCorrupt(const std::string& why) const;
+  void markCorrupt(bool tx, const std::string& why) const;
 
   void* base_ = nullptr;
   size_t mapped_ = 0;
@@ -116,7 +118,9 @@ class ShmLink {
   mutable uint64_t txTailSeen_ = 0;
   uint64_t rxTail_ = 0;
   mutable uint64_t rxHeadSeen_ = 0;
-  mutable std::string corrupt_;  // why the link is corrupt; empty while it is not
+  mutable bool txBroken_ = false;  // the peer's tail in the outgoing ring was wrong
+  mutable bool rxBroken_ = false;  // the peer's head in the incoming ring was wrong
+  mutable std::string corrupt_;    // why (the first fault); empty while the link is sound
   std::string name_;  // non-empty while this end still has to unlink it
   bool creator_ = false;
 };

@@ -21,13 +21,20 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "harness.h"
+#include "meshccl/collectives.h"
 #include "meshccl/error.h"
 #include "meshccl/shm.h"
 
@@ -333,15 +340,17 @@ TEST(ShmLink, AHeadFarAheadOfTheTailIsReportedNeverCopied) {
   EXPECT_HAS(p.creator->corruptReason(), "ring write position 1099511627776 written by the peer is outside "
                                                     "100..4096");
   EXPECT_HAS(p.creator->corruptReason(), "the peer broke the ring protocol");
-  // Stays corrupt, moves nothing, and reads as an ended stream.
+  // Stays corrupt, moves nothing in, and reads as an ended stream.
   p.raw->toCreatorHead().store(100);
   char b[16];
   EXPECT_EQ(p.creator->peek(b, sizeof(b)), 0u);
   EXPECT_EQ(p.creator->readable(), 0u);
   EXPECT_EQ(readInto(*p.creator, &got), 0u);
-  EXPECT_EQ(writeAll(*p.creator, pattern(10, 2)), 0u);
   p.creator->discard(50);
   EXPECT_TRUE(p.creator->peerClosedWrite());
+  // The other direction still carries bytes (an ABORT saying why).
+  EXPECT_EQ(writeAll(*p.creator, pattern(10, 2)), 10u);
+  EXPECT_EQ(p.opener->readable(), 10u);
   EXPECT_FALSE(p.opener->corrupt());
 }
 
@@ -388,7 +397,11 @@ TEST(ShmLink, ATailAheadOfWhatWasWrittenIsCorrupt) {
   EXPECT_EQ(writeAll(*p.creator, pattern(1 << 16, 2)), 0u);
   EXPECT_TRUE(p.creator->corrupt());
   EXPECT_HAS(p.creator->corruptReason(), "ring read position 5000 written by the peer is outside 0..100");
-  EXPECT_TRUE(p.creator->peerClosedWrite());
+  EXPECT_EQ(writeAll(*p.creator, pattern(1, 2)), 0u);  // stays refused
+  // The incoming direction is still sound.
+  EXPECT_FALSE(p.creator->peerClosedWrite());
+  ASSERT_EQ(writeAll(*p.opener, pattern(10, 3)), 10u);
+  EXPECT_EQ(p.creator->readable(), 10u);
 }
 
 TEST(ShmLink, ATailMovingBackwardsIsCorrupt) {
@@ -421,6 +434,140 @@ TEST(ShmLink, TheLinksOwnPositionsInTheSegmentAreNeverReadBack) {
   p.raw->toOpenerHead().store(~uint64_t{0});
   EXPECT_EQ(readInto(*p.opener, &got), 0u);
   EXPECT_TRUE(p.opener->corrupt());
+}
+
+// --- the engine over a corrupt link ----------------------------------------------------------
+
+// Where this process maps meshccl segments (the ranks of these tests are its threads).
+std::vector<char*> mappedSegments() {
+  std::vector<char*> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("/dev/shm/mccl.") == std::string::npos && line.find("/mccl.") == std::string::npos) continue;
+    out.push_back(reinterpret_cast<char*>(std::stoull(line.substr(0, line.find('-')), nullptr, 16)));
+  }
+  return out;
+}
+
+// Both ranks reach it before either goes on.
+class Rendezvous {
+ public:
+  void arrive(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int round = arrived_ / n;
+    if (++arrived_ % n == 0) {
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return arrived_ / n > round; });
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+};
+
+struct Outcome {
+  bool raised = false;
+  ErrorKind kind = ErrorKind::kInvalidArgument;
+  std::string message;
+  double seconds = 0;
+};
+
+// Two ranks on one host, one shared-memory connection: a first all_reduce works; then,
+// between calls, `scribble` writes into the segment what a broken peer would; then `second`
+// runs on each rank. Returns how each rank's second call ended.
+std::vector<Outcome> corruptBetweenCalls(double timeout, const std::function<void(char* segment)>& scribble,
+                                         const std::function<void(Context&)>& second) {
+  test::Topology t;
+  t.hostRanks = 2;
+  t.connsPerLink = 1;
+  t.singleCopyBytes = 0;
+  t.timeout = timeout;
+  Rendezvous between;
+  std::vector<Outcome> outcomes(2);
+  test::runRanks(2, t, [&](Context& ctx) {
+    ASSERT_EQ(ctx.transport(1 - ctx.rank()), "shm");
+    std::vector<float> x(1000, 1.0f);
+    allReduce(ctx, x.data(), x.data(), x.size(), DataType::kFloat32, RedOp::kSum);
+    EXPECT_EQ(x[999], 2.0f);
+    between.arrive(2);
+    if (ctx.rank() == 0) {
+      const auto segments = mappedSegments();
+      ASSERT_EQ(segments.size(), 2u) << "the segment, mapped by each rank";
+      scribble(segments[0]);
+    }
+    between.arrive(2);
+    Outcome& o = outcomes[static_cast<size_t>(ctx.rank())];
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      second(ctx);
+    } catch (const Error& e) {
+      o.raised = true;
+      o.kind = e.kind();
+      o.message = e.what();
+    }
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    ::testing::Test::RecordProperty("rank" + std::to_string(r), outcomes[r].message);
+  }
+  return outcomes;
+}
+
+std::atomic<uint64_t>& position(char* segment, size_t ring, size_t which) {
+  return *std::launder(reinterpret_cast<std::atomic<uint64_t>*>(segment + ring + which));
+}
+
+TEST(ShmLink, AHeadFarPastTheRingFailsTheNextCallOnBothRanksWithoutACopy) {
+  // Rank 1's write position in the ring rank 0 reads jumps a terabyte ahead: rank 0 must not
+  // copy it (a terabyte memcpy from a 256 KiB ring), it fails the call, and its ABORT reaches
+  // rank 1; both well before the operation timeout.
+  const auto outcomes = corruptBetweenCalls(
+      20.0,
+      [](char* seg) {
+        auto& head = position(seg, ShmLayout::kOpenerToCreator, ShmLayout::kHeadOffset);
+        head.store(head.load() + (uint64_t{1} << 40));
+      },
+      [](Context& ctx) {
+        std::vector<float> x(1000, 1.0f);
+        allReduce(ctx, x.data(), x.data(), x.size(), DataType::kFloat32, RedOp::kSum);
+      });
+  for (int r = 0; r < 2; ++r) {
+    const Outcome& o = outcomes[static_cast<size_t>(r)];
+    EXPECT_TRUE(o.raised) << "rank " << r;
+    EXPECT_EQ(o.kind, ErrorKind::kIo) << "rank " << r << ": " << o.message;
+    EXPECT_LT(o.seconds, 10.0) << "rank " << r << ": " << o.message;
+  }
+}
+
+TEST(ShmLink, ATailPastWhatWasWrittenFailsASendInsteadOfOverwritingMemory) {
+  // Rank 1's read position in the ring rank 0 writes claims more than was written: rank 0's
+  // send must not compute room past the ring and copy over the other ring and beyond. Rank 0
+  // only sends here, so (until the engine reads corrupt()) it notices at the operation's
+  // timeout; rank 1, which waits for the bytes, the same.
+  const auto outcomes = corruptBetweenCalls(
+      2.0,
+      [](char* seg) {
+        auto& tail = position(seg, ShmLayout::kCreatorToOpener, ShmLayout::kTailOffset);
+        tail.store(tail.load() + (uint64_t{1} << 20));
+      },
+      [](Context& ctx) {
+        std::vector<float> x(100000, 1.0f);
+        if (ctx.rank() == 0) {
+          send(ctx, x.data(), x.size(), DataType::kFloat32, 1);
+        } else {
+          recv(ctx, x.data(), x.size(), DataType::kFloat32, 0);
+        }
+      });
+  for (int r = 0; r < 2; ++r) {
+    const Outcome& o = outcomes[static_cast<size_t>(r)];
+    EXPECT_TRUE(o.raised) << "rank " << r;
+    EXPECT_TRUE(o.kind == ErrorKind::kIo || o.kind == ErrorKind::kTimeout) << "rank " << r << ": " << o.message;
+    EXPECT_LT(o.seconds, 10.0) << "rank " << r << ": " << o.message;
+  }
 }
 
 // --- the single-copy slot ----------------------------------------------------------------------
