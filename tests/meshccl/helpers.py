@@ -66,12 +66,16 @@ def loopback_hostfile(tmp: Path, n: int) -> Path:
     return path
 
 
-def spawn(n: int, scenario: str, env_of, *args: str, wrap=None) -> list[subprocess.Popen]:
-    """n worker processes; env_of(rank) gives each one's extra environment, wrap(rank) a
-    command line to run the worker under (e.g. unshare)."""
+TOKEN = "job-secret-7"  # every test job has a token (a job without one is refused)
+
+
+def spawn(n: int, scenario: str, env_of, *args: str, wrap=None, ranks=None) -> list[subprocess.Popen]:
+    """Worker processes for ranks 0..n-1 (or only `ranks`); env_of(rank) gives each one's extra
+    environment, wrap(rank) a command line to run the worker under (e.g. unshare)."""
     procs = []
-    for r in range(n):
-        env = {**os.environ, "MESHCCL_TOKEN": "job-secret-7", "MESHCCL_LOG_LEVEL": "1", **env_of(r)}
+    base = {k: v for k, v in os.environ.items() if k not in ("MESHCCL_ALLOW_NO_TOKEN", "MESHCCL_JOB_ID")}
+    for r in range(n) if ranks is None else ranks:
+        env = {**base, "MESHCCL_TOKEN": TOKEN, "MESHCCL_LOG_LEVEL": "1", **env_of(r)}
         procs.append(
             subprocess.Popen(
                 [*(wrap(r) if wrap else []), sys.executable, str(WORKER), scenario, *args],
@@ -87,6 +91,47 @@ def spawn(n: int, scenario: str, env_of, *args: str, wrap=None) -> list[subproce
 
 def hostfile_env(path: Path):
     return lambda r: {"MESHCCL_RANK": str(r), "MESHCCL_HOSTFILE": str(path)}
+
+
+def torchrun_env(n: int, master_port: int, **extra: str):
+    """torchrun's variables for rank r of n on this machine (meshccl's rendezvous on
+    master_port + 1), plus `extra`."""
+    return lambda r: {
+        "RANK": str(r),
+        "WORLD_SIZE": str(n),
+        "LOCAL_RANK": str(r),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+        **extra,
+    }
+
+
+def read_line(sock: socket.socket, deadline: float) -> bytes:
+    """One line from sock (b"" if it closed first); TimeoutError past the deadline."""
+    buf = b""
+    while not buf.endswith(b"\n"):
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        chunk = sock.recv(65536)
+        if not chunk:
+            return buf
+        buf += chunk
+    return buf
+
+
+def greeting(port: int, timeout: float = 30.0) -> dict:
+    """Waits until rank 0's rendezvous on 127.0.0.1:port greets; returns the greeting."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+                line = read_line(s, time.monotonic() + 5)
+                if line:
+                    return json.loads(line)
+        except OSError as e:
+            last = e
+        time.sleep(0.05)  # polling for the port to open: the condition is checked each round
+    raise AssertionError(f"no rendezvous greeting on 127.0.0.1:{port} within {timeout} s: {last}")
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[int, str, str]]:

@@ -120,6 +120,12 @@ def main() -> int:
             print(f"SINGLE_COPY {comm.single_copy}", flush=True)
         elif scenario == "barrier":
             comm.barrier()
+        elif scenario == "allreduce":
+            x = np.arange(1000, dtype=np.float64) * (r + 1)
+            comm.all_reduce(x)
+            want = np.arange(1000, dtype=np.float64) * (n * (n + 1) / 2)
+            if not (x == want).all():
+                raise AssertionError(f"rank {r}: all_reduce wrong: {x[:4]} expected {want[:4]}")
         elif scenario == "torch":
             import torch
 

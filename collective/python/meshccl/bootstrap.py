@@ -23,6 +23,7 @@ The result is a :class:`Plan`; the C++ core does the connecting. Every problem f
 
 from __future__ import annotations
 
+import builtins
 import errno
 import hashlib
 import hmac
@@ -864,7 +865,7 @@ def _read_line(sock: socket.socket, limit: int, deadline: float) -> tuple[bytes 
         sock.settimeout(left)
         try:
             chunk = sock.recv(65536)
-        except TimeoutError:
+        except builtins.TimeoutError:  # socket timeouts (this module's TimeoutError is meshccl's)
             return None, "timeout"
         if not chunk:
             return None, "closed"
