@@ -5,6 +5,7 @@ and every byte a stranger can send before authentication is fuzzed."""
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import secrets
@@ -231,6 +232,50 @@ def test_idle_connections_and_garbage_do_not_stop_the_rendezvous():
     shown = err0.count("rendezvous: refused")
     assert 0 < shown <= 10 * (int(elapsed // 10) + 1), err0  # rate-limited
     assert "more like these" in err0, err0
+
+
+def test_out_of_file_descriptors_rank_0_sheds_idle_handshakes_and_the_job_forms():
+    port = h.free_port_block(2)
+    env = h.torchrun_env(2, port, MESHCCL_CONNECT_TIMEOUT="60")
+    # Rank 0 may hold 40 descriptors (about 8 in use at start): 100 idle connections exhaust them.
+    rank0 = h.spawn(2, "allreduce", env, ranks=[0], wrap=lambda r: ["prlimit", "--nofile=40", "--"])
+    others: list = []
+    idle: list[socket.socket] = []
+    try:
+        h.greeting(port + 1)
+        idle = [socket.create_connection(("127.0.0.1", port + 1), timeout=10) for _ in range(100)]
+        others = h.spawn(2, "allreduce", env, ranks=[1])
+        results = h.finish(rank0 + others, timeout=90)
+    finally:
+        for s in idle:
+            s.close()
+        kill_all(rank0 + others)
+    assert_all_ok(results)
+    assert "accept failed (Too many open files); not accepting for 0.05 s" in results[0][2], results[0][2]
+
+
+class OutOfFiles(socket.socket):
+    """A listener whose accept() always fails as a process out of descriptors does."""
+
+    def accept(self):
+        self.accepts += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_accept_out_of_file_descriptors_backs_off_instead_of_spinning():
+    srv = OutOfFiles(socket.AF_INET, socket.SOCK_STREAM)
+    srv.accepts = 0
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    log: list[str] = []
+    machine = b.RendezvousServer(2, TOKEN, "", ("127.0.0.1", 1, "h"), log.append)
+    # A connection left in the backlog keeps the listener readable the whole time.
+    never = pytest.raises(meshccl.TimeoutError, match=r"rank\(s\) \[1\] never arrived")
+    with srv, socket.create_connection(srv.getsockname()), never:
+        b._serve(srv, machine, time.monotonic() + 2.0, 2.0, "here")
+    # Not watched for 0.05, 0.1, 0.2, 0.4, 0.8 s ... after each failure: a handful of tries.
+    assert 3 <= srv.accepts <= 8, srv.accepts
+    assert log[0] == "accept failed (Too many open files); not accepting for 0.05 s", log
 
 
 def test_a_rank_that_leaves_before_the_table_loses_its_claim():
