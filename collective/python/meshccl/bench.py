@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -251,12 +252,17 @@ def local(args: argparse.Namespace, argv: list[str]) -> int:
         path = os.path.join(tmp, "meshccl.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(hostfile, f)
-        token = os.urandom(16).hex()
+        # A fresh job token and id for the ranks it starts (never printed): a local run is a
+        # job like any other, and a process that merely reaches its ports cannot join it.
+        env = {
+            **os.environ,
+            "MESHCCL_HOSTFILE": path,
+            "MESHCCL_TOKEN": secrets.token_hex(32),
+            "MESHCCL_JOB_ID": f"meshccl-bench-local-{os.getpid()}-{secrets.token_hex(4)}",
+        }
+        env.pop("MESHCCL_ALLOW_NO_TOKEN", None)
         procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "meshccl.bench", *rest],
-                env={**os.environ, "MESHCCL_RANK": str(r), "MESHCCL_HOSTFILE": path, "MESHCCL_TOKEN": token},
-            )
+            subprocess.Popen([sys.executable, "-m", "meshccl.bench", *rest], env={**env, "MESHCCL_RANK": str(r)})
             for r in range(n)
         ]
         codes = [p.wait() for p in procs]
