@@ -523,8 +523,9 @@ std::atomic<uint64_t>& position(char* segment, size_t ring, size_t which) {
 
 TEST(ShmLink, AHeadFarPastTheRingFailsTheNextCallOnBothRanksWithoutACopy) {
   // Rank 1's write position in the ring rank 0 reads jumps a terabyte ahead: rank 0 must not
-  // copy it (a terabyte memcpy from a 256 KiB ring), it fails the call, and its ABORT reaches
-  // rank 1; both well before the operation timeout.
+  // copy it (a terabyte memcpy from a 256 KiB ring), it fails the call, and rank 1 learns of
+  // it; both well before the operation timeout. (A position's honest writer puts the true
+  // value back with its next write: the calls are chosen so that it writes none.)
   const auto outcomes = corruptBetweenCalls(
       20.0,
       [](char* seg) {
@@ -532,8 +533,9 @@ TEST(ShmLink, AHeadFarPastTheRingFailsTheNextCallOnBothRanksWithoutACopy) {
         head.store(head.load() + (uint64_t{1} << 40));
       },
       [](Context& ctx) {
+        // Each waits for the other: rank 1 writes nothing that would put the true head back.
         std::vector<float> x(1000, 1.0f);
-        allReduce(ctx, x.data(), x.data(), x.size(), DataType::kFloat32, RedOp::kSum);
+        recv(ctx, x.data(), x.size(), DataType::kFloat32, 1 - ctx.rank());
       });
   for (int r = 0; r < 2; ++r) {
     const Outcome& o = outcomes[static_cast<size_t>(r)];
@@ -547,7 +549,7 @@ TEST(ShmLink, ATailPastWhatWasWrittenFailsASendInsteadOfOverwritingMemory) {
   // Rank 1's read position in the ring rank 0 writes claims more than was written: rank 0's
   // send must not compute room past the ring and copy over the other ring and beyond. Rank 0
   // only sends here, so (until the engine reads corrupt()) it notices at the operation's
-  // timeout; rank 1, which waits for the bytes, the same.
+  // timeout; rank 1, which waits for the bytes (and so writes no read position), the same.
   const auto outcomes = corruptBetweenCalls(
       2.0,
       [](char* seg) {
