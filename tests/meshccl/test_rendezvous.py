@@ -328,12 +328,13 @@ def test_a_job_without_a_token_is_refused_and_the_opt_out_runs_and_says_so(tmp_p
 
 def test_a_rendezvous_timeout_names_the_ranks_that_never_arrived():
     port = h.free_port_block(2)
-    env = h.torchrun_env(4, port, MESHCCL_CONNECT_TIMEOUT="3")
-    results = h.finish(h.spawn(4, "allreduce", env, ranks=[0, 2]), timeout=60)
-    (c0, o0, e0), (c2, o2, e2) = results
+    # Ranks 0 and 2 of 4. Rank 2 starts first and waits longer, so it is there all along.
+    rank2 = h.spawn(4, "allreduce", h.torchrun_env(4, port, MESHCCL_CONNECT_TIMEOUT="7"), ranks=[2])
+    rank0 = h.spawn(4, "allreduce", h.torchrun_env(4, port, MESHCCL_CONNECT_TIMEOUT="5"), ranks=[0])
+    (c0, o0, e0), (c2, o2, e2) = h.finish(rank0 + rank2, timeout=60)
     assert c0 == 3 and "ERROR TimeoutError" in o0, o0 + e0  # meshccl's: the worker catches meshccl.Error only
     assert "rank(s) [1, 3] never arrived" in o0 and f"127.0.0.1:{port + 1}" in o0, o0
-    assert c2 == 3 and "ERROR TimeoutError" in o2 and "did not complete within 3 s" in o2, o2 + e2
+    assert c2 == 3 and "ERROR TimeoutError" in o2 and "did not complete within 7 s" in o2, o2 + e2
     # Nobody at the address: the rank names it.
     with pytest.raises(
         meshccl.TimeoutError, match=rf"rank 1: the rendezvous at 127\.0\.0\.1:{port + 1} .*never reached"

@@ -884,6 +884,7 @@ def _claim_once(
         sock = socket.create_connection(address, timeout=max(0.01, min(2.0, left)))
     except OSError as e:
         return f"connecting: {e.strerror or e}", False
+    greeted = False
     with sock:
         try:
             line, why = _read_line(sock, RDV_LINE_MAX, min(deadline, time.monotonic() + RDV_HANDSHAKE_S))
@@ -892,13 +893,14 @@ def _claim_once(
             hello = parse_hello(line)
             if isinstance(hello, str):
                 return f"{where} is not a meshccl rendezvous: {hello}", False
+            greeted = True
             own = str(sock.getsockname()[0])
             mine = (own, _free_port(own), me)
             nonce = secrets.token_hex(32)
             sock.sendall(claim_line(token, job_id, hello.nonce, nonce, rank, size, *mine))
             line, why = _read_line(sock, table_limit(size), deadline)
         except OSError as e:
-            return f"talking to {where}: {e.strerror or e}", True
+            return f"talking to {where}: {e.strerror or e}", greeted
     if line is None:
         if why == "timeout":
             return f"claimed rank {rank}; rank 0 sent no table yet (waiting for other ranks: see rank 0's error)", True
@@ -973,7 +975,9 @@ def plan_from_torchrun(
     if size == 1:
         return Plan(0, 1, source="torchrun")
     master = _resolve(master_addr)
-    me = host_identity()
+    # Ranks compare host identities (equal: shared memory) but need not read them: a keyed hash
+    # keeps the host name and boot id from whatever answers on the port before it is proved.
+    me = _mac(token, "meshccl/2 host identity", job_id, host_identity())
     if rank == 0:
         family = socket.AF_INET6 if ":" in master else socket.AF_INET
         where = _hostport(master, master_port)
