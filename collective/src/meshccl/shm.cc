@@ -272,7 +272,7 @@ bool ShmLink::peerTail(uint64_t* tail) const {
   const uint64_t t = tx_->tail.load(std::memory_order_acquire);
   if (t < txTailSeen_ || t > txHead_) {
     markCorrupt(true, cat("ring read position ", t, " written by the peer is outside ", txTailSeen_, "..", txHead_,
-                    " (what it had read .. what was written)"));
+                          " (what it had read .. what was written)"));
     return false;
   }
   txTailSeen_ = t;
@@ -285,8 +285,9 @@ bool ShmLink::peerHead(uint64_t* head) const {
   if (rxBroken_) return false;
   const uint64_t h = rx_->head.load(std::memory_order_acquire);
   if (h < rxHeadSeen_ || h - rxTail_ > cap_) {
-    markCorrupt(false, cat("ring write position ", h, " written by the peer is outside ", rxHeadSeen_, "..", rxTail_ + cap_,
-                    " (what it had written .. this end's read position + the ring's ", cap_, " bytes)"));
+    markCorrupt(false, cat("ring write position ", h, " written by the peer is outside ", rxHeadSeen_, "..",
+                           rxTail_ + cap_, " (what it had written .. this end's read position + the ring's ", cap_,
+                           " bytes)"));
     return false;
   }
   rxHeadSeen_ = h;

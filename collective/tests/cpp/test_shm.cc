@@ -62,7 +62,9 @@ class RawSegment {
   RawSegment(const RawSegment&) = delete;
   RawSegment& operator=(const RawSegment&) = delete;
 
-  std::atomic<uint64_t>& at(size_t offset) { return *std::launder(reinterpret_cast<std::atomic<uint64_t>*>(base_ + offset)); }
+  std::atomic<uint64_t>& at(size_t offset) {
+    return *std::launder(reinterpret_cast<std::atomic<uint64_t>*>(base_ + offset));
+  }
   // The creator -> opener ring's positions: head written by the creator, tail by the opener.
   std::atomic<uint64_t>& toOpenerHead() { return at(ShmLayout::kCreatorToOpener + ShmLayout::kHeadOffset); }
   std::atomic<uint64_t>& toOpenerTail() { return at(ShmLayout::kCreatorToOpener + ShmLayout::kTailOffset); }
