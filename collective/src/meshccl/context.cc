@@ -114,8 +114,9 @@ Context::Context(Config config) : config_(std::move(config)) {
   MESHCCL_ENFORCE(config_.pipelineDepth >= 1 && config_.pipelineDepth <= 64, "pipeline depth must be 1..64");
   MESHCCL_ENFORCE(config_.transport == "auto" || config_.transport == "tcp", "transport must be auto or tcp, got '",
                   config_.transport, "'");
-  MESHCCL_ENFORCE(config_.shmRingBytes >= 4096 && (config_.shmRingBytes & (config_.shmRingBytes - 1)) == 0,
-                  "shared memory ring size must be a power of two >= 4096, got ", config_.shmRingBytes);
+  MESHCCL_ENFORCE(config_.shmRingBytes >= 4096 && config_.shmRingBytes <= (size_t{1} << 30) &&
+                      (config_.shmRingBytes & (config_.shmRingBytes - 1)) == 0,
+                  "shared memory ring size must be a power of two from 4096 to 1073741824, got ", config_.shmRingBytes);
   MESHCCL_ENFORCE(config_.algorithm == "auto" || config_.algorithm == "ring" || config_.algorithm == "direct",
                   "algorithm must be auto, ring or direct, got '", config_.algorithm, "'");
   bool allLocal = config_.size > 1 && config_.transport == "auto" && config_.shmSegmentBytes > 0;
@@ -425,7 +426,7 @@ ssize_t Context::sendBytes(Connection& c, const iovec* iov, int n) {
   }
   const size_t k = c.shm->write(iov, n);
   if (k == 0) {
-    errno = EAGAIN;
+    errno = c.shm->corrupt() ? EPROTO : EAGAIN;  // the peer broke the ring: an error, not "full"
     return -1;
   }
   return static_cast<ssize_t>(k);
@@ -442,6 +443,10 @@ ssize_t Context::recvBytes(Connection& c, const iovec* iov, int n) {
   const bool closed = c.peerGone || c.shm->peerClosedWrite();
   const size_t k = c.shm->read(iov, n);
   if (k > 0) return static_cast<ssize_t>(k);
+  if (c.shm->corrupt()) {  // the peer broke the ring: an error, not the end of the stream
+    errno = EPROTO;
+    return -1;
+  }
   if (closed) return 0;
   errno = EAGAIN;
   return -1;
@@ -491,6 +496,12 @@ bool Context::ioPass() {
   return moved;
 }
 
+// Why a byte move on `c` failed (errno from sendBytes/recvBytes).
+static std::string linkFailure(const Connection& c) {
+  if (c.shm && c.shm->corrupt()) return c.shm->corruptReason();
+  return cat(std::strerror(errno), " (the peer exited or was killed)");
+}
+
 bool Context::doSend(Connection& c) {
   bool moved = false;
   // A frame's last bytes go out now, not when TCP autocorking releases them: Linux holds a
@@ -515,7 +526,7 @@ bool Context::doSend(Connection& c) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return finish();
         if (errno == EINTR) continue;
         fail(ErrorKind::kIo, cat("rank ", rank(), ": sending to rank ", c.peer, " (", c.remote, ") failed: ",
-                                 std::strerror(errno), " (the peer exited or was killed) during ", describe(desc_)));
+                                 linkFailure(c), " during ", describe(desc_)));
       }
       moved = true;
       auto left = static_cast<size_t>(sent);
@@ -554,7 +565,7 @@ bool Context::doRecv(Connection& c) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
       if (errno == EINTR) continue;
       fail(ErrorKind::kIo, cat("rank ", rank(), ": receiving from rank ", c.peer, " (", c.remote, ") failed: ",
-                               std::strerror(errno), " (the peer exited or was killed) during ", describe(desc_)));
+                               linkFailure(c), " during ", describe(desc_)));
     }
     if (got == 0) {
       c.eof = true;

@@ -545,13 +545,15 @@ TEST(ShmLink, AHeadFarPastTheRingFailsTheNextCallOnBothRanksWithoutACopy) {
     EXPECT_EQ(o.kind, ErrorKind::kIo) << "rank " << r << ": " << o.message;
     EXPECT_LT(o.seconds, 10.0) << "rank " << r << ": " << o.message;
   }
+  // The rank that saw the broken ring names it (not "the peer exited").
+  EXPECT_NE(outcomes[0].message.find("the peer broke the ring protocol"), std::string::npos) << outcomes[0].message;
 }
 
 TEST(ShmLink, ATailPastWhatWasWrittenFailsASendInsteadOfOverwritingMemory) {
   // Rank 1's read position in the ring rank 0 writes claims more than was written: rank 0's
   // send must not compute room past the ring and copy over the other ring and beyond. Rank 0
-  // only sends here, so (until the engine reads corrupt()) it notices at the operation's
-  // timeout; rank 1, which waits for the bytes (and so writes no read position), the same.
+  // only sends here: the engine reads corrupt() when the ring takes nothing, so it fails at
+  // once, well before the operation's 2 s timeout, naming the broken ring.
   const auto outcomes = corruptBetweenCalls(
       2.0,
       [](char* seg) {
@@ -572,6 +574,9 @@ TEST(ShmLink, ATailPastWhatWasWrittenFailsASendInsteadOfOverwritingMemory) {
     EXPECT_TRUE(o.kind == ErrorKind::kIo || o.kind == ErrorKind::kTimeout) << "rank " << r << ": " << o.message;
     EXPECT_LT(o.seconds, 10.0) << "rank " << r << ": " << o.message;
   }
+  EXPECT_EQ(outcomes[0].kind, ErrorKind::kIo) << outcomes[0].message;
+  EXPECT_LT(outcomes[0].seconds, 1.9) << "the sender must not wait for the timeout: " << outcomes[0].message;
+  EXPECT_NE(outcomes[0].message.find("the peer broke the ring protocol"), std::string::npos) << outcomes[0].message;
 }
 
 // --- the single-copy slot ----------------------------------------------------------------------
