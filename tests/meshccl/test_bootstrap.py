@@ -140,3 +140,16 @@ def test_unknown_options_and_values_are_refused():
         meshccl.init(env={"MESHCCL_TIMEOUT": "soon"})
     with pytest.raises(TypeError, match="unknown option"):
         meshccl.Communicator(meshccl.Plan(0, 1), colour="blue")
+
+
+def test_job_id_and_the_no_token_opt_out_come_from_the_environment():
+    from meshccl import bootstrap
+
+    assert bootstrap.job_id_from_env({"MESHCCL_JOB_ID": "a", "TORCHELASTIC_RUN_ID": "b"}) == "a"
+    assert bootstrap.job_id_from_env({"MESHCCL_JOB_ID": "", "TORCHELASTIC_RUN_ID": "b"}) == "b"
+    assert bootstrap.job_id_from_env({}) == ""
+    for value, allowed in (("1", True), ("yes", True), ("0", False), ("", False), (None, False)):
+        env = {} if value is None else {"MESHCCL_ALLOW_NO_TOKEN": value}
+        assert bootstrap.allow_no_token_from_env(env) is allowed, value
+    with pytest.raises(meshccl.BootstrapError, match="MESHCCL_ALLOW_NO_TOKEN='2'"):
+        bootstrap.allow_no_token_from_env({"MESHCCL_ALLOW_NO_TOKEN": "2"})

@@ -342,6 +342,29 @@ def test_a_rendezvous_timeout_names_the_ranks_that_never_arrived():
         b.plan_from_torchrun(1, 2, "127.0.0.1", port + 1, "tok", 0.5)
 
 
+def test_ranks_of_another_job_id_with_the_same_token_do_not_meet():
+    port = h.free_port_block(1)
+    errors: dict[int, BaseException] = {}
+
+    def rank(r: int, job: str, timeout: float) -> None:
+        try:
+            b.plan_from_torchrun(r, 2, "127.0.0.1", port, h.TOKEN, timeout, job_id=job)
+        except BaseException as e:  # collected for the asserts below
+            errors[r] = e
+
+    threads = [
+        threading.Thread(target=rank, args=(0, "job-a", 3.0)),
+        threading.Thread(target=rank, args=(1, "job-b", 2.0)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(errors[0], meshccl.TimeoutError) and "rank(s) [1] never arrived" in str(errors[0]), errors
+    assert isinstance(errors[1], meshccl.TimeoutError), errors
+    assert "rank 0 refused the claim: bad proof" in str(errors[1]), errors  # rank 1 gives up first
+
+
 def test_the_regression_corpus_is_refused_by_a_live_rank_0():
     files = sorted(CORPUS.glob("*.txt"))
     assert len(files) >= 20

@@ -933,14 +933,18 @@ def _join(
 ) -> dict[int, Entry]:
     """Ranks other than 0: claim a place until a proved table comes or the deadline passes."""
     deadline = time.monotonic() + timeout
-    last, reached, pause = "nothing tried", False, 0.05
+    last, refused, reached, pause = "nothing tried", "", False, 0.05
     while True:
         got = _claim_once(rank, size, address, token, job_id, me, deadline)
         if isinstance(got, dict):
             return got
         last, reached = got[0], reached or got[1]
+        if last.startswith("rank 0 refused"):
+            refused = last
         left = deadline - time.monotonic()
         if left <= 0:
+            if refused and refused != last:  # the reason matters more than the last try's timeout
+                last = f"{last}; before that, {refused}"
             where = _hostport(*address)
             if reached:
                 raise TimeoutError(
