@@ -5,6 +5,10 @@
     comm.all_reduce(x)             # in place; x: NumPy array, PyTorch CPU tensor, any buffer
     comm.all_reduce(x, out=y, op="max")
 
+Every job of more than one rank needs a secret job token in MESHCCL_TOKEN, the same on every
+rank (`meshkit launch` sets it; the ranks prove it to each other and never send it); without
+one, init() raises AuthError unless MESHCCL_ALLOW_NO_TOKEN=1.
+
 Every rank must make the same calls in the same order. A rank that dies, stalls or calls
 something else makes every rank raise (PeerError, TimeoutError, MismatchError) instead of
 hanging; after such an error the communicator is unusable.
