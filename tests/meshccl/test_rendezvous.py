@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -324,6 +327,28 @@ def test_a_job_without_a_token_is_refused_and_the_opt_out_runs_and_says_so(tmp_p
     env = h.torchrun_env(2, port, MESHCCL_TOKEN="", MESHCCL_ALLOW_NO_TOKEN="maybe")
     ((code, out, err),) = h.finish(h.spawn(2, "allreduce", env, ranks=[0]), timeout=60)
     assert code == 3 and "ERROR BootstrapError" in out and "MESHCCL_ALLOW_NO_TOKEN='maybe'" in out, out + err
+
+
+def torchrun(n: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The real torchrun (PyTorch is in the test environment) running n workers on this host."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MESHCCL_")}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
+    return subprocess.run(
+        [*argv, str(h.WORKER), "allreduce"],
+        env={**base, "MESHCCL_LOG_LEVEL": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_under_torchrun_the_token_in_its_environment_reaches_every_worker_and_none_is_refused():
+    done = torchrun(3, {"MESHCCL_TOKEN": secrets.token_hex(32)})
+    assert done.returncode == 0 and done.stdout.count("OK") == 3, done.stdout + done.stderr
+    done = torchrun(2, {})
+    assert done.returncode != 0 and done.stdout.count("ERROR AuthError") == 2, done.stdout + done.stderr
+    assert "export MESHCCL_TOKEN=" in done.stdout and "torchrun passes its environment" in done.stdout, done.stdout
 
 
 def test_a_rendezvous_timeout_names_the_ranks_that_never_arrived():
