@@ -5,13 +5,16 @@ a hanging one, a program missing on one host, stale hostfiles, and stdin typed o
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -865,6 +868,243 @@ def test_ranks_run_as_the_login_user_in_a_job_directory_of_its_own(lab):
     finally:
         fixed = handle.ansible("-b", "-m", "ansible.builtin.file", "-a", f"path={jobs} state=directory mode=01777")
         assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+# ---- secrets: the job token and the user's secrets reach the ranks, nothing else ------------------------
+
+# A rank (torch: MESHKIT_RANK; MPI: OMPI_COMM_WORLD_RANK): the sha256 and length of each secret it got,
+# its job id, whether any process of its host has a value on its command line; then it waits until
+# the test has looked at every process of the machine (the file argv[1] exists).
+RANK_SECRETS = r"""
+import hashlib, os, sys, time
+names = ["MESHCCL_TOKEN", "API_TOKEN", "MY_PASS"]
+values = [os.environ.get(n, "") for n in names]
+leaks = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        continue
+    leaks += [pid for v in values if v and v.encode() in argv]
+rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["MESHKIT_RANK"]
+said = " ".join(f"{n}={hashlib.sha256(v.encode()).hexdigest()}/{len(v)}" for n, v in zip(names, values))
+print(f"secrets rank {rank} {said} job={os.environ.get('MESHCCL_JOB_ID')} argv-leaks={leaks or 'none'}", flush=True)
+deadline = time.monotonic() + 240
+while not os.path.exists(sys.argv[1]):
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.05)
+"""
+
+
+def sha256(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def rank_environments(marker: str) -> dict[int, dict[str, str]]:
+    """The environment of every rank process on the machine (lab hosts included) that carries ``marker``."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(e.split("=", 1) for e in (proc / "environ").read_text(errors="replace").split("\0") if "=" in e)
+        except OSError:
+            continue
+        if marker in env.values() and ("MESHKIT_RANK" in env or "OMPI_COMM_WORLD_RANK" in env):
+            out[int(proc.name)] = env
+    return out
+
+
+def command_lines_holding(values: list[str], but: int) -> list[str]:
+    """Every process on the machine but ``but`` whose command line holds one of ``values``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != but:
+            try:
+                argv = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            found += [f"{proc.name}: value {i}" for i, v in enumerate(values) if v.encode() in argv]
+    return found
+
+
+def everything_under(root: Path) -> bytes:
+    out = b""
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            out += str(path).encode() + b"\n" + path.read_bytes() + b"\n"
+    return out
+
+
+def hosts_job_files(handle: LabHandle, job_id: str) -> bytes:
+    """Every file of the job's directory on every lab host (each host's own /var/lib/meshkit)."""
+    out = b""
+    for pid in holders(handle).values():
+        out += everything_under(Path(f"/proc/{pid}/root/var/lib/meshkit/jobs/{job_id}"))
+    return out
+
+
+@pytest.fixture
+def go() -> Iterator[Path]:
+    """A file the ranks wait for: in a directory of /tmp (every lab host's /tmp is the machine's) that
+    the login user may look into; removed afterwards."""
+    where = Path(tempfile.mkdtemp(prefix="mksecrets-", dir="/tmp"))
+    where.chmod(0o755)
+    try:
+        yield where / "go"
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def secrets_job(
+    marker: str, ranks: int, proc: subprocess.Popen[str], go: Path, api: str, pw: str
+) -> tuple[str, list[str]]:
+    """Once every rank runs: the job token (read from the ranks' environment, the same in each) and
+    the processes whose command line holds a secret (the launch's own left out: -x VALUE is the
+    user's); then the ranks are let go."""
+
+    def running() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"the launch ended early (exit {proc.returncode})")
+        return len(rank_environments(marker)) == ranks
+
+    try:
+        wait_for(f"{ranks} ranks running", running, 300, 0.2)
+        envs = rank_environments(marker)
+        tokens = {env.get("MESHCCL_TOKEN") for env in envs.values()}
+        assert len(tokens) == 1, f"{len(tokens)} different tokens among the ranks"
+        [token] = tokens
+        assert token and re.fullmatch(r"[0-9a-f]{64}", token), "the job token is not 32 random bytes in hex"
+        leaks = command_lines_holding([token, api, pw], but=proc.pid)
+    finally:
+        go.touch()
+    return token, leaks
+
+
+def test_meshkit_launch_keeps_the_token_and_secrets_out_of_files_output_and_command_lines(lab, tmp_path, go):
+    """`meshkit launch -r torch -x API_TOKEN=... -x MY_PASS --secret MY_PASS`: every rank gets the job
+    token, the job id and both secrets (their hashes prove it); no process's command line, no file of
+    the job on the controller or the hosts, and nothing the launch prints holds any of them."""
+    handle, artifacts = lab
+    api, pw = f"api-{uuid.uuid4().hex}", f"pw-{uuid.uuid4().hex}"
+    marker = f"mksec{uuid.uuid4().hex[:8]}"
+    argv = [PYTHON, MESHKIT, "launch", "-i", str(handle.inventory), "-r", "torch", "-n", "2", "-t", "300",
+            "--no-stdin", "-x", f"API_TOKEN={api}", "-x", "MY_PASS", "--secret", "MY_PASS", "-x", f"MARKER={marker}",
+            "-e", f"meshkit_artifacts_dir={artifacts}", "--", PYTHON, "-c", RANK_SECRETS, str(go)]  # fmt: skip
+    (artifacts / "launch").mkdir(parents=True, exist_ok=True)
+    before = set((artifacts / "launch").iterdir())
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=dict(ENV, MY_PASS=pw), cwd=REPO)
+        try:
+            token, leaks = secrets_job(marker, 8, proc, go, api, pw)
+            proc.wait(timeout=120)
+        finally:
+            kill_if_running(proc)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert proc.returncode == 0, stdout + stderr
+    assert leaks == [], leaks
+    [job_dir] = set((artifacts / "launch").iterdir()) - before
+    job_id = job_dir.name
+    said = dict(re.findall(r"^\[\d\|node\d\] secrets rank (\d) (.*)$", stdout, re.M))
+    expected = (
+        f"MESHCCL_TOKEN={sha256(token)}/64 API_TOKEN={sha256(api)}/{len(api)} MY_PASS={sha256(pw)}/{len(pw)} "
+        f"job={job_id} argv-leaks=none"
+    )
+    assert said == {str(r): expected for r in range(8)}, stdout
+    job = json.loads((job_dir / "job.json").read_text())
+    for r in job["ranks"]:
+        assert {r["env"][n] for n in ("MESHCCL_TOKEN", "API_TOKEN", "MY_PASS")} == {"<hidden>"}, r["env"]
+        assert r["env"]["MESHCCL_JOB_ID"] == job_id
+    assert {"job.json", "summary.json", "output.log", "rank-7.log"} <= {p.name for p in job_dir.iterdir()}
+    on_hosts = hosts_job_files(handle, job_id)
+    assert b"agent.log" in on_hosts, "no job directory found on the hosts"
+    written = everything_under(job_dir) + on_hosts
+    for value in (token, api, pw):
+        assert value.encode() not in written
+        assert value not in stdout + stderr
+
+
+def test_launch_yml_keeps_the_token_and_secrets_out_of_its_output_at_vvv(lab, tmp_path, go):
+    """launch.yml at -vvv, launch_env holding API_TOKEN and MY_PASS (marked by launch_secret_env), an
+    MPI job (one mpirun on the controller passes the environment on): every MPI rank gets the token
+    and the secrets; Ansible's output, job.json, the logs, the hosts' job files and every command
+    line hold none of them."""
+    handle, artifacts = lab
+    api, pw = f"api-{uuid.uuid4().hex}", f"pw-{uuid.uuid4().hex}"
+    marker = f"mksec{uuid.uuid4().hex[:8]}"
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    variables = tmp_path / "vars.json"
+    variables.write_text(json.dumps({
+        "launch_program": [PYTHON, "-c", RANK_SECRETS, str(go)],
+        "launch_runtime": "mpi",
+        "launch_ranks_per_host": 2,
+        "launch_timeout": 300,
+        "launch_job_id": job_id,
+        "launch_env": {"API_TOKEN": api, "MY_PASS": pw, "MARKER": marker},
+        "launch_secret_env": ["MY_PASS"],
+    }))  # fmt: skip
+    variables.chmod(0o600)
+    argv = ["ansible-playbook", "-vvv", "launch.yml", "-i", str(handle.inventory),
+            "-e", f"meshkit_artifacts_dir={artifacts}", "-e", f"@{variables}"]  # fmt: skip
+    with open(tmp_path / "out", "w+") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                env=ENV, cwd=REPO)  # fmt: skip
+        try:
+            token, leaks = secrets_job(marker, 8, proc, go, api, pw)
+            proc.wait(timeout=120)
+        finally:
+            kill_if_running(proc)
+        out.seek(0)
+        output = out.read()
+    assert proc.returncode == 0, output[-5000:]
+    assert leaks == [], leaks
+    assert "ESTABLISH SSH CONNECTION FOR USER: meshadmin" in output, output[-3000:]  # -vvv indeed
+    said = dict(re.findall(r"^\[\d\|node\d\] secrets rank (\d) (.*)$", output, re.M))
+    expected = (
+        f"MESHCCL_TOKEN={sha256(token)}/64 API_TOKEN={sha256(api)}/{len(api)} MY_PASS={sha256(pw)}/{len(pw)} "
+        f"job={job_id} argv-leaks=none"
+    )
+    assert said == {str(r): expected for r in range(8)}, output[-5000:]
+    job_dir = artifacts / "launch" / job_id
+    job = json.loads((job_dir / "job.json").read_text())
+    assert job["secret_env"] == ["MESHCCL_TOKEN", "API_TOKEN", "MY_PASS"], job["secret_env"]
+    assert {r["env"][n] for r in job["ranks"] for n in job["secret_env"]} == {"<hidden>"}
+    written = everything_under(job_dir) + hosts_job_files(handle, job_id)
+    assert b"mpirun.log" in written and b"rank-7.log" in written
+    for value in (token, api, pw):
+        assert value.encode() not in written
+        assert value not in output
+
+
+def test_launch_yml_check_mode_leaves_no_file_behind(lab):
+    """launch.yml --check (launch_env with a secret): says what would start; the artifacts directory
+    and every host's jobs directory are exactly as before (no job.json, no log directory)."""
+    handle, artifacts = lab
+    (artifacts / "launch").mkdir(parents=True, exist_ok=True)
+
+    def listing() -> list[tuple[str, int, int]]:
+        roots = [artifacts, *(Path(f"/proc/{pid}/root/var/lib/meshkit/jobs") for pid in holders(handle).values())]
+        paths = [p for root in roots for p in sorted(root.rglob("*"))]
+        return [(str(p), p.lstat().st_size, p.lstat().st_mtime_ns) for p in paths]
+
+    before = listing()
+    job_id = f"t{uuid.uuid4().hex[:10]}"
+    run = run_playbook(
+        "launch.yml",
+        "--check",
+        "-e", f"meshkit_artifacts_dir={artifacts}",
+        "-e", json.dumps({"launch_program": ["sh", "-c", "echo never"], "launch_job_id": job_id,
+                          "launch_env": {"API_TOKEN": "check-secret-value"}}),
+        inventory=str(handle.inventory),
+    )  # fmt: skip
+    assert run.rc == 0, run.output
+    assert f"check mode: job {job_id} would start 4 ranks" in run.output, run.output
+    assert "check-secret-value" not in run.output
+    assert listing() == before
+    assert not (artifacts / "launch" / job_id).exists()
 
 
 # ---- the collection and the controller package as users install them ----------------------------
