@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from meshkit import launch_connection, launcher
+from meshkit.launch_plan import JOB_ID_ENV
 from meshkit.launcher import HostJob, agent_argv, host_jobs, with_secrets
 
 TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:(.*)$", re.S)
@@ -141,7 +142,7 @@ def host_job(
         if host_timeout is not None:
             connections = {host: dict(conn, host_timeout=host_timeout) for host, conn in connections.items()}
         handle.write(json.dumps(connections, indent=1) + "\n")
-    env = common_env(job) | with_secrets(job, secret_values)
+    env = {JOB_ID_ENV: str(job["job_id"]), **common_env(job), **with_secrets(job, secret_values)}
     argv = mpirun_argv(job, log_dir, connections_file, mpirun=mpirun, as_root=os.geteuid() == 0, env_names=env)
     return HostJob(
         "controller",

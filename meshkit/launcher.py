@@ -233,7 +233,8 @@ def host_jobs(
         for r in job["ranks"]:
             if r["host"] != host:
                 continue
-            spec = {"rank": r["rank"], "argv": r["argv"], "env": dict(r["env"], **values), "cwd": r.get("cwd")}
+            env = {JOB_ID_ENV: str(job["job_id"]), **r["env"], **values}
+            spec = {"rank": r["rank"], "argv": r["argv"], "env": env, "cwd": r.get("cwd")}
             if r.get("path_prepend"):
                 spec["path_prepend"] = r["path_prepend"]
             ranks.append(spec)
@@ -250,13 +251,13 @@ def host_jobs(
 
 
 def with_secrets(job: dict[str, Any], secret_values: Mapping[str, str]) -> dict[str, str]:
-    """What every rank's environment gets on top of the plan's: the job id and the values of the
-    job's secrets (the token always). ValueError when a secret of the job has no value here."""
+    """What every rank's environment gets over the plan's <hidden>: the values of the job's
+    secrets (the token always). ValueError when a secret of the job has no value here."""
     names = [TOKEN_ENV, *(n for n in job.get("secret_env") or [] if n != TOKEN_ENV)]
     missing = [n for n in names if not isinstance(secret_values.get(n), str)]
     if missing:
         raise ValueError(f"job {job['job_id']}: no value for {', '.join(missing)}")
-    return {JOB_ID_ENV: str(job["job_id"]), **{n: secret_values[n] for n in names}}
+    return {n: secret_values[n] for n in names}
 
 
 # A line to show: (the rank it belongs to, or None for the launched process's own words (mpirun's);
