@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # installed in ~/.ansible by some other run must never shadow the code being tested.
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
 
-.PHONY: all demo demo-down test lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize bench bench-deps
+.PHONY: all demo demo-down test lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz bench bench-deps
 
 # meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
 # under AddressSanitizer + UndefinedBehaviorSanitizer, each built in its own directory.
@@ -63,6 +63,24 @@ meshccl-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		$(MESHCCL_BUILD)/sanitize/meshccl_tests --gtest_brief=1 '--gtest_filter=-*n5_*:*n6_*:*n7_*:*n8_*' 
 
+## libFuzzer (clang++-14, ASan + UBSan) on every byte a stranger can send before authentication:
+## the acceptor's and the connector's side of meshccl's handshake, each for MESHCCL_FUZZ_SECONDS over
+## a copy of the regression corpus (collective/tests/fuzz/corpus: the checkout is never written).
+## Fails on any crash; the input is kept as $(MESHCCL_BUILD)/fuzz/crash-<target>-*, and
+## $(MESHCCL_BUILD)/release/meshccl_fuzz_replay <target> FILE reruns it with gcc.
+MESHCCL_FUZZ_SECONDS ?= 15
+meshccl-fuzz: deps
+	cmake -S collective -B $(MESHCCL_BUILD)/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DMESHCCL_BUILD_FUZZERS=ON \
+		-DMESHCCL_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+	cmake --build $(MESHCCL_BUILD)/fuzz --target meshccl_fuzz_acceptor meshccl_fuzz_connector
+	for target in acceptor connector; do \
+		rm -rf $(MESHCCL_BUILD)/fuzz/corpus-$$target; \
+		cp -r collective/tests/fuzz/corpus/$$target $(MESHCCL_BUILD)/fuzz/corpus-$$target; \
+		$(MESHCCL_BUILD)/fuzz/meshccl_fuzz_$$target -max_total_time=$(MESHCCL_FUZZ_SECONDS) -rss_limit_mb=1024 \
+			-timeout=10 -print_final_stats=1 -artifact_prefix=$(MESHCCL_BUILD)/fuzz/crash-$$target- \
+			$(MESHCCL_BUILD)/fuzz/corpus-$$target 2>&1 | { grep -v -E '^(#[0-9]+.*(NEW|REDUCE|pulse)|"|######)' || true; }; \
+	done
+
 ## The main job on the local lab: a 4-host mesh reached over SSH, its network converged and meshccl
 ## installed on every host (each host's own virtual environment), then meshccl-bench launched on
 ## every host from that install (rank 0 prints the table).
@@ -92,9 +110,9 @@ unit: venv
 integration: venv
 	pytest tests/integration
 
-## Lint, meshccl's C++ suites (plain, then sanitized), then every Python test (unit, meshccl
+## Lint, meshccl's C++ suites (plain, then sanitized, then fuzzed), then every Python test (unit, meshccl
 ## jobs, lab integration) in one pytest run.
-test: lint sanity meshccl-cpp meshccl-sanitize
+test: lint sanity meshccl-cpp meshccl-sanitize meshccl-fuzz
 	pytest tests
 
 ## Ansible's own checks on the collection as ansible-galaxy builds it (scripts/ansible-sanity).

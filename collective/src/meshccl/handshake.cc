@@ -184,6 +184,16 @@ void Acceptor::reject(Status status, std::string why, bool challengePhase) {
 }
 
 size_t Acceptor::feed(const uint8_t* data, size_t len) {
+  size_t total = 0;
+  while (total < len) {
+    const size_t took = step(data + total, len - total);
+    if (took == 0) break;
+    total += took;
+  }
+  return total;
+}
+
+size_t Acceptor::step(const uint8_t* data, size_t len) {
   const size_t take = std::min(len, need());
   if (take == 0) return 0;
   std::memcpy(buf_.data() + got_, data, take);
@@ -322,6 +332,16 @@ size_t Connector::need() const {
 std::vector<uint8_t> Connector::takeOutput() { return std::exchange(out_, {}); }
 
 size_t Connector::feed(const uint8_t* data, size_t len) {
+  size_t total = 0;
+  while (total < len) {
+    const size_t took = step(data + total, len - total);
+    if (took == 0) break;
+    total += took;
+  }
+  return total;
+}
+
+size_t Connector::step(const uint8_t* data, size_t len) {
   const size_t take = std::min(len, need());
   if (take == 0) return 0;
   std::memcpy(buf_.data() + got_, data, take);

@@ -120,7 +120,9 @@ class Acceptor {
            std::vector<uint32_t> expectedConns, const Nonce& nonceA);
 
   size_t need() const;  // bytes wanted before the next step (0 when none)
-  // Consumes up to need() bytes of data; returns how many it took.
+  // Consumes as much of data as the handshake still expects (across messages), never more;
+  // returns how many bytes it took. A socket reader asks for need() bytes at a time, so that it
+  // never reads into the job's data that follows the handshake.
   size_t feed(const uint8_t* data, size_t len);
   std::vector<uint8_t> takeOutput();
 
@@ -135,6 +137,7 @@ class Acceptor {
 
  private:
   void reject(Status status, std::string why, bool challengePhase);
+  size_t step(const uint8_t* data, size_t len);  // up to the end of the current message
 
   uint32_t me_;
   uint32_t size_;
@@ -177,7 +180,7 @@ class Connector {
             uint32_t connIndex, uint32_t connCount, const Nonce& nonceC);
 
   size_t need() const;
-  size_t feed(const uint8_t* data, size_t len);
+  size_t feed(const uint8_t* data, size_t len);  // as Acceptor::feed
   std::vector<uint8_t> takeOutput();
 
   State state() const { return state_; }
@@ -188,6 +191,7 @@ class Connector {
   uint16_t peerVersion() const { return peerVersion_; }  // kNotMeshccl: the version the peer named
 
  private:
+  size_t step(const uint8_t* data, size_t len);
   void fail(Failure f) {
     failure_ = f;
     state_ = State::kFailed;

@@ -1,6 +1,6 @@
 // Failures every rank must see: mismatched calls, a rank that never calls (timeout), a peer
-// with the wrong job token, a poisoned context. Dead processes are tested from Python with
-// real processes (SIGKILL / SIGSTOP).
+// with the wrong job token or job id, a tokenless job, a poisoned context. Dead processes are
+// tested from Python with real processes (SIGKILL / SIGSTOP).
 
 #include <gtest/gtest.h>
 
@@ -146,6 +146,78 @@ TEST(Failures, WrongTokenRaisesAuthOnTheStrangerAndTimesOutTheOther) {
   EXPECT_EQ(messages[1].find("not-the-token"), std::string::npos) << "the token leaked into a message";
   EXPECT_EQ(kinds[0], static_cast<int>(ErrorKind::kTimeout)) << messages[0];
   EXPECT_NE(messages[0].find("rank 1 did not connect"), std::string::npos) << messages[0];
+}
+
+// Rank 1 differs from rank 0 by `change`; returns what each rank raised (rank 0 waits 1 s).
+std::vector<std::pair<int, std::string>> connectWithDifference(const std::function<void(Config&)>& change) {
+  const auto ports = test::freePorts(2);
+  std::vector<std::pair<int, std::string>> out(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Config c = test::makeConfig(r, 2, ports, Topology{});
+      c.connectTimeoutSeconds = 1.0;
+      c.jobId = "job-a";
+      if (r == 1) change(c);
+      try {
+        Context ctx(std::move(c));
+      } catch (const Error& e) {
+        out[r] = {static_cast<int>(e.kind()), e.what()};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+TEST(Failures, AnotherJobIdIsRefusedLikeAnotherToken) {
+  // The same token, another job: the proofs bind the job id, so neither side accepts the other.
+  const auto out = connectWithDifference([](Config& c) { c.jobId = "job-b"; });
+  EXPECT_EQ(out[1].first, static_cast<int>(ErrorKind::kAuth)) << out[1].second;
+  EXPECT_NE(out[1].second.find("different MESHCCL_TOKEN values or job ids"), std::string::npos) << out[1].second;
+  EXPECT_EQ(out[0].first, static_cast<int>(ErrorKind::kTimeout)) << out[0].second;
+}
+
+TEST(Failures, ARankWithoutATokenCannotJoinAJobWithOne) {
+  const auto out = connectWithDifference([](Config& c) {
+    c.token = "";
+    c.allowNoToken = true;
+  });
+  EXPECT_EQ(out[1].first, static_cast<int>(ErrorKind::kAuth)) << out[1].second;
+  EXPECT_EQ(out[0].first, static_cast<int>(ErrorKind::kTimeout)) << out[0].second;
+}
+
+TEST(Failures, ATokenlessJobIsRefusedWithTheWayOut) {
+  Config c = test::makeConfig(0, 2, test::freePorts(2), Topology{});
+  c.token = "";
+  try {
+    Context ctx(std::move(c));
+    FAIL() << "a job of two ranks formed without a token";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kAuth);
+    EXPECT_NE(std::string(e.what()).find("MESHCCL_TOKEN"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MESHCCL_ALLOW_NO_TOKEN=1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Failures, ATokenlessJobRunsWithTheOptOutAndSaysSo) {
+  testing::internal::CaptureStderr();
+  std::atomic<int> good{0};
+  test::runRanks(
+      2, Topology{},
+      [&](Context& ctx) {
+        std::vector<float> buf(64, 1.0f);
+        allReduce(ctx, buf.data(), buf.data(), buf.size(), DataType::kFloat32, RedOp::kSum);
+        if (buf[0] == 2.0f && buf[63] == 2.0f) ++good;
+      },
+      [](Config& c) {
+        c.token = "";
+        c.allowNoToken = true;
+        c.logLevel = 1;
+      });
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(good.load(), 2);
+  EXPECT_NE(log.find("running WITHOUT a job token (opted out)"), std::string::npos) << log;
 }
 
 TEST(Failures, UnreachablePeerIsNamedWithItsAddress) {
