@@ -11,7 +11,9 @@
 extern "C" {
 #endif
 
-#define MESHCCL_ABI_VERSION 1
+/* 2: connect protocol 2 (the token is proven both ways, never sent); job_id, allow_no_token and
+ * handshake_timeout_s appended to meshccl_config (fill it with meshccl_config_init). */
+#define MESHCCL_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define MESHCCL_API __attribute__((visibility("default")))
@@ -25,7 +27,7 @@ typedef enum {
   MESHCCL_ERR_IO = 2,        /* a peer died or a connection failed */
   MESHCCL_ERR_TIMEOUT = 3,   /* an operation or the connect phase ran past its deadline */
   MESHCCL_ERR_MISMATCH = 4,  /* ranks made different calls */
-  MESHCCL_ERR_AUTH = 5,      /* job token refused */
+  MESHCCL_ERR_AUTH = 5,      /* no job token, or a peer that could not prove it */
   MESHCCL_ERR_BOOTSTRAP = 6, /* bad configuration (addresses, ports, links) */
   MESHCCL_ERR_INTERNAL = 7
 } meshccl_result;
@@ -82,6 +84,7 @@ typedef struct {
   size_t single_copy_bytes; /* every rank on one host: from this size read peers' buffers directly; 0: never */
   const char* job_id;       /* the job's name (not secret), part of every proof; may be "" */
   int allow_no_token;       /* 1: run without a token (anyone who reaches a port can join); logged at start */
+  double handshake_timeout_s; /* an incoming connection must prove itself within this (default 5 s) */
 } meshccl_config;
 
 typedef struct meshccl_comm meshccl_comm;

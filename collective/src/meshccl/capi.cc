@@ -60,6 +60,7 @@ void meshccl_config_init(meshccl_config* c) {
   c->single_copy_bytes = d.singleCopyBytes;
   c->job_id = "";
   c->allow_no_token = 0;
+  c->handshake_timeout_s = d.handshakeTimeoutSeconds;
 }
 
 int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error, size_t errorLen) {
@@ -106,6 +107,7 @@ int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error
     cfg.singleCopyBytes = c->single_copy_bytes;
     cfg.jobId = c->job_id != nullptr ? c->job_id : "";
     cfg.allowNoToken = c->allow_no_token != 0;
+    cfg.handshakeTimeoutSeconds = c->handshake_timeout_s;
     auto comm = std::make_unique<meshccl_comm>();
     comm->ctx = std::make_unique<meshccl::Context>(std::move(cfg));
     *out = comm.release();

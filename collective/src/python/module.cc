@@ -83,6 +83,20 @@ class Communicator {
   bool linked(int peer) const { return ctx().connected(peer); }
   std::string transport(int peer) const { return ctx().transport(peer); }
   bool singleCopy() const { return ctx().canReadPeers(); }
+  // What the connect phase saw (strangers rejected, handshakes dropped, accept back-offs).
+  nb::dict connectStats() const {
+    const meshccl::ConnectStats& s = ctx().connectStats();
+    nb::dict d;
+    d["poll_rounds"] = s.pollRounds;
+    d["accepted"] = s.accepted;
+    d["rejected"] = s.rejected;
+    d["closed_early"] = s.closedEarly;
+    d["timed_out"] = s.timedOut;
+    d["evicted"] = s.evicted;
+    d["accept_backoffs"] = s.acceptBackoffs;
+    d["logs_suppressed"] = s.logsSuppressed;
+    return d;
+  }
 
   void allReduce(const InArray& in, const OutArray& out, int op, int dtype) {
     size_t n = 0, m = 0;
@@ -182,7 +196,8 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
                            int ringConns, size_t segmentBytes, size_t smallBytes, int pipelineDepth,
                            const std::string& algorithm, int socketBuffer, int logLevel,
                            const std::string& transport, size_t shmRingBytes, size_t shmSegmentBytes,
-                           size_t singleCopyBytes, const std::string& jobId, bool allowNoToken) {
+                           size_t singleCopyBytes, const std::string& jobId, bool allowNoToken,
+                           double handshakeTimeout) {
   meshccl::Config c;
   c.rank = rank;
   c.size = size;
@@ -214,6 +229,7 @@ meshccl::Config makeConfig(int rank, int size, const std::string& token,
   c.singleCopyBytes = singleCopyBytes;
   c.jobId = jobId;
   c.allowNoToken = allowNoToken;
+  c.handshakeTimeoutSeconds = handshakeTimeout;
   return c;
 }
 
@@ -259,7 +275,10 @@ NB_MODULE(_meshccl, m) {
         "timeout"_a, "connect_timeout"_a, "complete"_a, "ring"_a, "ring_conns"_a, "segment_bytes"_a,
         "small_bytes"_a, "pipeline_depth"_a, "algorithm"_a, "socket_buffer"_a, "log_level"_a,
         "transport"_a, "shm_ring_bytes"_a, "shm_segment_bytes"_a,
-        "single_copy_bytes"_a, "job_id"_a, "allow_no_token"_a);
+        "single_copy_bytes"_a, "job_id"_a, "allow_no_token"_a,
+        "handshake_timeout"_a = meshccl::Config{}.handshakeTimeoutSeconds);
+  // The connect handshake's protocol (2: both ends prove the job token, it is never sent).
+  m.attr("PROTOCOL_VERSION") = meshccl::kProtocolVersion;
   nb::class_<meshccl::Config>(m, "Config");
 
   nb::class_<Communicator>(m, "Communicator")
@@ -271,6 +290,7 @@ NB_MODULE(_meshccl, m) {
       .def("linked", &Communicator::linked, "peer"_a)
       .def("transport", &Communicator::transport, "peer"_a)
       .def_prop_ro("single_copy", &Communicator::singleCopy)
+      .def_prop_ro("connect_stats", &Communicator::connectStats)
       .def("all_reduce", &Communicator::allReduce, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)
       .def("all_gather", &Communicator::allGather, "input"_a, "output"_a.noconvert(), "dtype"_a)
       .def("reduce_scatter", &Communicator::reduceScatter, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)

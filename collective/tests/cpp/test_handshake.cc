@@ -26,6 +26,7 @@
 #include "meshccl/collectives.h"
 #include "meshccl/crypto.h"
 #include "meshccl/handshake.h"
+#include "meshccl/meshccl.h"
 
 namespace meshccl {
 namespace {
@@ -711,6 +712,80 @@ TEST(ConnectPhase, AnIdleConnectionIsDroppedAtItsHandshakeDeadline) {
   EXPECT_EQ(job.result(1).kind, 0) << job.result(1).message;
   EXPECT_EQ(good.load(), 2);
   EXPECT_GE(job.result(0).stats.timedOut, 1u);
+}
+
+// --- the C ABI carries the token, the job id and the opt-out -------------------------------
+
+TEST(CApi, DefaultsAndATokenlessJobIsRefusedWithTheWayOut) {
+  meshccl_config c;
+  meshccl_config_init(&c);
+  EXPECT_STREQ(c.token, "");
+  EXPECT_STREQ(c.job_id, "");
+  EXPECT_EQ(c.allow_no_token, 0);
+  EXPECT_EQ(c.handshake_timeout_s, Config{}.handshakeTimeoutSeconds);
+  c.size = 2;
+  meshccl_comm* comm = nullptr;
+  char error[512] = "";
+  EXPECT_EQ(meshccl_comm_create(&c, &comm, error, sizeof(error)), MESHCCL_ERR_AUTH);
+  EXPECT_EQ(comm, nullptr);
+  EXPECT_HAS(error, "MESHCCL_ALLOW_NO_TOKEN=1");
+}
+
+struct CJob {
+  std::vector<int> results = std::vector<int>(2, -1);
+  std::vector<float> sums = std::vector<float>(2, 0);
+  std::vector<std::string> errors = std::vector<std::string>(2);
+};
+
+// Two ranks through the C ABI; rank 1 gets job id `job1`.
+CJob runCJob(const char* job1, double connectTimeout) {
+  CJob out;
+  const auto ports = test::freePorts(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      const auto me = static_cast<size_t>(r);
+      const meshccl_endpoint self{"127.0.0.1", ports[me]};
+      const meshccl_endpoint other{"127.0.0.1", ports[1 - me]};
+      const meshccl_peer peer{1 - r, 1, &other, -1, 0};
+      meshccl_config c;
+      meshccl_config_init(&c);
+      c.rank = r;
+      c.size = 2;
+      c.token = "c-abi-token";
+      c.job_id = r == 1 ? job1 : "c-abi-job";
+      c.num_listen = 1;
+      c.listen = &self;
+      c.num_peers = 1;
+      c.peers = &peer;
+      c.complete = 1;
+      c.ring = 1;
+      c.connect_timeout_s = connectTimeout;
+      c.log_level = 0;
+      meshccl_comm* comm = nullptr;
+      char error[512] = "";
+      out.results[me] = meshccl_comm_create(&c, &comm, error, sizeof(error));
+      out.errors[me] = error;
+      if (comm == nullptr) return;
+      float v = static_cast<float>(r + 1);
+      if (meshccl_all_reduce(comm, &v, &v, 1, MESHCCL_FLOAT32, MESHCCL_SUM) == MESHCCL_OK) out.sums[me] = v;
+      meshccl_comm_destroy(comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+TEST(CApi, RanksWithTheSameTokenAndJobIdFormAJob) {
+  const CJob same = runCJob("c-abi-job", 20);
+  EXPECT_EQ(same.results[0], MESHCCL_OK) << same.errors[0];
+  EXPECT_EQ(same.results[1], MESHCCL_OK) << same.errors[1];
+  EXPECT_EQ(same.sums[0], 3.0f);
+  EXPECT_EQ(same.sums[1], 3.0f);
+  // The job id travels through the C ABI into the proofs: another one is refused.
+  const CJob other = runCJob("another-job", 1);
+  EXPECT_EQ(other.results[1], MESHCCL_ERR_AUTH) << other.errors[1];
+  EXPECT_EQ(other.results[0], MESHCCL_ERR_TIMEOUT) << other.errors[0];
 }
 
 // --- out of descriptors --------------------------------------------------------------------
