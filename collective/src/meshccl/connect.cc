@@ -324,8 +324,7 @@ void Context::connectAll() {
         for (int k = 0; k < kAcceptsPerRound; ++k) {
           sockaddr_storage from{};
           socklen_t fromLen = sizeof(from);
-          const int fd = ::accept4(listeners_[i].get(), reinterpret_cast<sockaddr*>(&from), &fromLen,
-                                   SOCK_NONBLOCK | SOCK_CLOEXEC);
+          const int fd = acceptNonBlocking(listeners_[i].get(), &from, &fromLen);
           if (fd < 0) {
             const int err = errno;
             if (err == EINTR) continue;

@@ -40,6 +40,9 @@ class Fd {
 };
 
 Fd listenOn(const SockAddr& addr);
+// Takes one pending connection as a non-blocking, close-on-exec socket (accept4 on Linux);
+// -1 with errno as accept() sets it.
+int acceptNonBlocking(int listenFd, sockaddr_storage* from, socklen_t* fromLen);
 // Starts a non-blocking connect; returns the socket (connect in progress or done). *err is the
 // errno of a connect that failed at once, or of socket() itself (then no socket is returned:
 // out of descriptors, say), for the caller to retry.
