@@ -75,7 +75,9 @@ def main() -> None:
         out = HERE / "corpus" / target
         out.mkdir(parents=True, exist_ok=True)
         for name, data in seeds.items():
-            (out / f"seed-{name}").write_bytes(data)
+            # .bin: the collection ships collective/, and ansible-test's sanity checks judge any
+            # other file by its bytes (line endings, UTF-8) as if it were text.
+            (out / f"seed-{name}.bin").write_bytes(data)
 
 
 if __name__ == "__main__":
