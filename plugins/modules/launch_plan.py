@@ -17,7 +17,7 @@ description:
     C(MASTER_ADDR), C(MASTER_PORT), the NCCL variables from the RDMA facts, C(GLOO_SOCKET_IFNAME)) - plus the
     user's own variables, and lists the files each host needs and the ports that must be free.
   - Every rank of every runtime also gets C(MESHCCL_JOB_ID) (the job id) and C(MESHCCL_TOKEN), planned as
-    C(<hidden>): M(meshkit.cluster.launch) makes a fresh token per job.
+    C(<hidden>) (M(meshkit.cluster.launch) makes a fresh token per job).
   - A variable of the user's whose name holds C(TOKEN), C(KEY), C(SECRET) or C(PASSWORD) (any case), or that the
     settings' C(secret_env) names, is a secret - the job (returned, and written to C(job.json)) holds it as
     C(<hidden>) and lists it in its C(secret_env); M(meshkit.cluster.launch) puts the value in. In check mode
