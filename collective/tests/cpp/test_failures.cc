@@ -148,7 +148,7 @@ TEST(Failures, WrongTokenRaisesAuthOnTheStrangerAndTimesOutTheOther) {
   EXPECT_NE(messages[0].find("rank 1 did not connect"), std::string::npos) << messages[0];
 }
 
-// Rank 1 differs from rank 0 by `change`; returns what each rank raised (rank 0 waits 1 s).
+// Rank 1 differs from rank 0 by `change`; returns what each rank raised (rank 0 waits 1.5 s).
 std::vector<std::pair<int, std::string>> connectWithDifference(const std::function<void(Config&)>& change) {
   const auto ports = test::freePorts(2);
   std::vector<std::pair<int, std::string>> out(2);
@@ -156,7 +156,7 @@ std::vector<std::pair<int, std::string>> connectWithDifference(const std::functi
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       Config c = test::makeConfig(r, 2, ports, Topology{});
-      c.connectTimeoutSeconds = 1.0;
+      c.connectTimeoutSeconds = 1.5;
       c.jobId = "job-a";
       if (r == 1) change(c);
       try {
