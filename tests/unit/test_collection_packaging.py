@@ -23,6 +23,7 @@ BIN = Path(sys.executable).parent
 # What the controller runs, per platform family (bindep.txt with no profile).
 CONTROLLER_RPM = {
     "graphviz",
+    "openssl-devel",
     "openssh-clients",
     "iproute",
     "cmake",
@@ -33,6 +34,7 @@ CONTROLLER_RPM = {
 }
 CONTROLLER_DPKG = {
     "graphviz",
+    "libssl-dev",
     "openssh-client",
     "iproute2",
     "cmake",

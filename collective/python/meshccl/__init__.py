@@ -64,6 +64,7 @@ DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "i
 DEFAULTS: dict[str, Any] = {
     "timeout": 300.0,  # seconds per operation
     "connect_timeout": 60.0,  # seconds to connect the job
+    "handshake_timeout": 5.0,  # seconds each incoming connection has to prove the token (capped by connect_timeout)
     "conns_per_link": 2,
     "algorithm": "auto",  # auto | ring | direct
     "segment_bytes": 256 << 10,
@@ -151,6 +152,7 @@ class Communicator:
             int(opts["single_copy_bytes"]),
             job_id,
             allow_no_token,
+            float(opts["handshake_timeout"]),
         )
         self.plan = plan
         self._native = _Native(config)
@@ -246,7 +248,7 @@ def init(env: dict[str, str] | None = None, **options: Any) -> Communicator:
     """Connects this rank to the job described by the environment (see meshccl.bootstrap).
 
     Options (keyword or MESHCCL_<NAME> in the environment): timeout, connect_timeout,
-    conns_per_link, algorithm, segment_bytes, small_bytes, pipeline_depth, socket_buffer,
+    conns_per_link, algorithm, segment_bytes, small_bytes, pipeline_depth, socket_buffer, handshake_timeout,
     transport, shm_ring_bytes, shm_segment_bytes, single_copy_bytes, log_level.
 
     The job token comes from MESHCCL_TOKEN (never logged, never sent: ranks prove they hold

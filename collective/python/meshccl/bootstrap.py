@@ -799,7 +799,7 @@ def _serve(srv: socket.socket, machine: RendezvousServer, deadline: float, timeo
             wake = min(deadline, machine.next_deadline() or deadline, deadline if listening else resume_at)
             for key, _mask in sel.select(max(0.0, wake - now)):
                 if key.data == 0:
-                    for _ in range(64):
+                    for _attempt in range(64):
                         try:
                             conn, peer = srv.accept()
                         except BlockingIOError:
