@@ -1060,6 +1060,10 @@ class Agent:
             code = rank.proc.poll()
             if code is None:
                 continue
+            if rank.exited_at is None:
+                # Reaped just now: its group number is free from here on. Look at the group at
+                # once, before anything else can take that number.
+                self.group_check(rank)
             # A rank that exited may leave output in its pipe (or a child holding it open):
             # report the exit once the pipe is drained, or after 0.5 s of reading it (time while
             # the controller holds its output up does not count).
@@ -1092,6 +1096,7 @@ class Agent:
             return False
         rank.group_gone = True
         self.tell_watchdog(f"-{rank.proc.pid}\n")
+        self.note(f"rank {rank.rank} (pid {rank.proc.pid}): its process group is empty")
         return True
 
     def confirm_groups(self, within: float = 2.0) -> bool:

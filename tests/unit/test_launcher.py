@@ -1255,8 +1255,10 @@ def take_pid(pid: int, env: dict[str, str]) -> subprocess.Popen | None:
 
 def test_a_group_number_used_again_after_the_job_ended_is_not_signalled(tmp_path: Path, job_id: str) -> None:
     """The rank's process group is empty once it exited: its number may be another's before the agent
-    exits (here while the agent waits for the controller to take its last 300 KB). The agent told its
-    watchdog the group was gone, and ended in order: the process now holding the number survives."""
+    exits (here while the agent waits for the controller to take its last 300 KB). The agent looks at
+    the group the moment it reaps the rank and tells its watchdog the group is gone (agent.log says so;
+    the number is taken only after that), and ends in order: the process now holding the number
+    survives."""
     pidfile = tmp_path / "rank.pid"
     rank = sh(f"echo $$ > {pidfile}; head -c 300000 /dev/zero | tr '\\0' x; echo")
     proc = agent_alone(job_id, tmp_path / "job", [rank_spec(job_id, 0, rank)])
@@ -1267,9 +1269,12 @@ def test_a_group_number_used_again_after_the_job_ended_is_not_signalled(tmp_path
             assert time.monotonic() < deadline
             time.sleep(0.01)
         pid = int(pidfile.read_text())
-        while Path(f"/proc/{pid}").exists():  # exited and reaped by the agent, which now waits for us
+        seen = f"rank 0 (pid {pid}): its process group is empty"
+        # Exited, reaped and its group seen empty by the agent, which now waits for us to read.
+        while seen not in (tmp_path / "job" / "agent.log").read_text():
             assert time.monotonic() < deadline, "the rank did not end"
             time.sleep(0.01)
+        assert not Path(f"/proc/{pid}").exists()
         taker = take_pid(pid, {"MESHKIT_JOB_ID": f"{job_id}-taker"})
         assert taker is not None, f"pid {pid} was taken by another process first"
         messages = finish(proc)
