@@ -876,29 +876,8 @@ def test_ranks_run_as_the_login_user_in_a_job_directory_of_its_own(lab):
 
 # ---- secrets: the job token and the user's secrets reach the ranks, nothing else ------------------------
 
-# A rank (torch: MESHKIT_RANK; MPI: OMPI_COMM_WORLD_RANK): the sha256 and length of each secret it got,
-# its job id, whether any process of its host has a value on its command line; then it waits until
-# the test has looked at every process of the machine (the file argv[1] exists).
-RANK_SECRETS = r"""
-import hashlib, os, sys, time
-names = ["MESHCCL_TOKEN", "API_TOKEN", "MY_PASS"]
-values = [os.environ.get(n, "") for n in names]
-leaks = []
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        argv = open(f"/proc/{pid}/cmdline", "rb").read()
-    except OSError:
-        continue
-    leaks += [pid for v in values if v and v.encode() in argv]
-rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["MESHKIT_RANK"]
-said = " ".join(f"{n}={hashlib.sha256(v.encode()).hexdigest()}/{len(v)}" for n, v in zip(names, values))
-print(f"secrets rank {rank} {said} job={os.environ.get('MESHCCL_JOB_ID')} argv-leaks={leaks or 'none'}", flush=True)
-deadline = time.monotonic() + 240
-while not os.path.exists(sys.argv[1]):
-    if time.monotonic() > deadline:
-        sys.exit(3)
-    time.sleep(0.05)
-"""
+# A rank that says what secrets it got (hashes) and waits until the test has looked at every process.
+RANK_SECRETS = str(PROGRAMS / "rank_secrets.py")
 
 
 def sha256(value: str) -> str:
@@ -995,7 +974,7 @@ def test_meshkit_launch_keeps_the_token_and_secrets_out_of_files_output_and_comm
     marker = f"mksec{uuid.uuid4().hex[:8]}"
     argv = [PYTHON, MESHKIT, "launch", "-i", str(handle.inventory), "-r", "torch", "-n", "2", "-t", "300",
             "--no-stdin", "-x", f"API_TOKEN={api}", "-x", "MY_PASS", "--secret", "MY_PASS", "-x", f"MARKER={marker}",
-            "-e", f"meshkit_artifacts_dir={artifacts}", "--", PYTHON, "-c", RANK_SECRETS, str(go)]  # fmt: skip
+            "-e", f"meshkit_artifacts_dir={artifacts}", "--", PYTHON, RANK_SECRETS, str(go)]  # fmt: skip
     (artifacts / "launch").mkdir(parents=True, exist_ok=True)
     before = set((artifacts / "launch").iterdir())
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
@@ -1042,7 +1021,7 @@ def test_launch_yml_keeps_the_token_and_secrets_out_of_its_output_at_vvv(lab, tm
     job_id = f"t{uuid.uuid4().hex[:10]}"
     variables = tmp_path / "vars.json"
     variables.write_text(json.dumps({
-        "launch_program": [PYTHON, "-c", RANK_SECRETS, str(go)],
+        "launch_program": [PYTHON, RANK_SECRETS, str(go)],
         "launch_runtime": "mpi",
         "launch_ranks_per_host": 2,
         "launch_timeout": 300,

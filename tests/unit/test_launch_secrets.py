@@ -35,22 +35,8 @@ ENV = dict(
 )
 HOSTS = ["node1", "node2", "node3"]
 
-# A rank: the sha256 and length of each secret it got, its job id, and whether any process on this
-# machine has one of the values on its command line while the ranks run.
-RANK = """
-import hashlib, os
-names = ["MESHCCL_TOKEN", "API_TOKEN", "MY_PASS"]
-values = [os.environ.get(n, "") for n in names]
-leaks = []
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        argv = open(f"/proc/{pid}/cmdline", "rb").read()
-    except OSError:
-        continue
-    leaks += [pid for v in values if v and v.encode() in argv]
-said = " ".join(f"{n}={hashlib.sha256(v.encode()).hexdigest()}/{len(v)}" for n, v in zip(names, values))
-print(f"rank {os.environ['MESHKIT_RANK']} {said} job={os.environ.get('MESHCCL_JOB_ID')} argv-leaks={leaks or 'none'}")
-"""
+# A rank that says what secrets it got: their hashes and lengths, its job id, any value on a command line.
+RANK = str(Path(__file__).parents[1] / "integration" / "programs" / "rank_secrets.py")
 
 
 def plan_of_ring() -> dict[str, Any]:
@@ -177,7 +163,7 @@ def test_ranks_get_the_values_and_no_file_summary_or_command_line_has_them(tmp_p
     job_id = f"secrets-{uuid.uuid4().hex[:8]}"
     given = {"API_TOKEN": api, "MY_PASS": pw, "GREETING": "hi"}
     settings = launch_plan.validate(
-        {"program": [sys.executable, "-c", RANK], "runtime": "plain", "env": given, "secret_env": ["MY_PASS"]}
+        {"program": [sys.executable, RANK], "runtime": "plain", "env": given, "secret_env": ["MY_PASS"]}
     )
     inputs = {"state_dir": str(tmp_path / "state"), "cluster": "c", "dest": str(tmp_path / "artifacts")}
     job = launch_plan.record_job(launch_plan.make_job(plan_of_ring(), settings, inputs, job_id), inputs["dest"])
@@ -192,7 +178,7 @@ def test_ranks_get_the_values_and_no_file_summary_or_command_line_has_them(tmp_p
         f"MESHCCL_TOKEN={sha(token)}/64 API_TOKEN={sha(api)}/{len(api)} MY_PASS={sha(pw)}/{len(pw)} "
         f"job={job_id} argv-leaks=none"
     )
-    assert [r.tail[-1] for r in result.ranks] == [f"rank {r} {expected}" for r in range(3)]
+    assert [r.tail[-1] for r in result.ranks] == [f"secrets rank {r} {expected}" for r in range(3)]
     found = everything_under(tmp_path / "artifacts", tmp_path / "state")
     assert b"summary.json" in found and b"job.json" in found and b"rank-2.log" in found and b"agent.log" in found
     for value in (token, api, pw):
@@ -245,7 +231,7 @@ def test_meshkit_launch_puts_the_secrets_values_in_when_it_starts_the_ranks(
     job_id = f"secrets-{uuid.uuid4().hex[:8]}"
     settings = launch_plan.validate(
         {
-            "program": [sys.executable, "-c", RANK],
+            "program": [sys.executable, RANK],
             "runtime": "plain",
             "env": {"API_TOKEN": HIDDEN, "MY_PASS": HIDDEN},
             "secret_env": ["MY_PASS"],
@@ -262,7 +248,7 @@ def test_meshkit_launch_puts_the_secrets_values_in_when_it_starts_the_ranks(
     )  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, out + err
-    lines = re.findall(r"^\[\d\|node\d\] rank \d (.*)$", out, re.M)
+    lines = re.findall(r"^\[\d\|node\d\] secrets rank \d (.*)$", out, re.M)
     assert len(lines) == 3, out
     for line in lines:
         assert f"API_TOKEN={sha(api)}/{len(api)} MY_PASS={sha(pw)}/{len(pw)}" in line and "argv-leaks=none" in line
@@ -321,7 +307,7 @@ def ansible_launch(tmp_path: Path, *extra: str, **variables: Any) -> subprocess.
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     given = {
         "plan_file": str(tmp_path / "plan.json"),
-        "program": [sys.executable, "-c", RANK],
+        "program": [sys.executable, RANK],
         "state_dir": str(tmp_path / "state"),
         "dest": str(tmp_path / "artifacts" / "launch"),
         **variables,
@@ -355,7 +341,7 @@ def test_launch_yml_actions_show_no_secret_even_at_vvv_and_the_ranks_get_them(tm
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     assert "TASK [Plan the job plan=" in out and "env_var=launch_env" in out, out  # the arguments were shown
-    lines = re.findall(r"^\[\d\|node\d\] rank \d (.*)$", out, re.M)
+    lines = re.findall(r"^\[\d\|node\d\] secrets rank \d (.*)$", out, re.M)
     assert len(lines) == 3, out
     for line in lines:
         assert f"API_TOKEN={sha(api)}/{len(api)} MY_PASS={sha(pw)}/{len(pw)} job={job_id} argv-leaks=none" in line
