@@ -258,10 +258,10 @@ def no_token_message(rank: int, size: int) -> str:
     return (
         f"rank {rank} of {size}: no job token (MESHCCL_TOKEN is empty or unset): without one any process that "
         "reaches this job's ports could join it and read or write its data, so meshccl refuses to start. "
-        "`meshkit launch` gives every rank one; under torchrun / mpirun / mlx.launch give every rank the same "
-        "secret: export MESHCCL_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(32))') on the "
-        "launching shell and make sure it reaches every node (torchrun passes its environment to its workers; "
-        "run the export on each node's launching shell, or with mpirun -x MESHCCL_TOKEN), "
+        "`meshkit launch` gives every rank one; under torchrun / mpirun / mlx.launch make ONE secret "
+        "(python3 -c 'import secrets; print(secrets.token_hex(32))') and run export MESHCCL_TOKEN=<that value> "
+        "on every node's launching shell, the same value everywhere (torchrun passes its environment to its workers; "
+        "mpirun needs -x MESHCCL_TOKEN), "
         "or set MESHCCL_ALLOW_NO_TOKEN=1 to run without authentication on a network you trust"
     )
 
