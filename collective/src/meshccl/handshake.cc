@@ -243,16 +243,7 @@ size_t Acceptor::step(const uint8_t* data, size_t len) {
       break;
     }
     case State::kProof: {
-      Binding b;
-      b.jobId = jobId_;
-      b.nonceC = hello_.nonce;
-      b.nonceA = nonceA_;
-      b.connectorRank = hello_.rank;
-      b.acceptorRank = me_;
-      b.size = size_;
-      b.connIndex = hello_.connIndex;
-      b.connCount = hello_.connCount;
-      const crypto::Mac want = connectorMac(token_, b);
+      const crypto::Mac want = connectorMac(token_, binding());
       got_ = 0;
       if (crypto::equalConstantTime(want.data(), buf_.data(), kProofBytes)) {
         state_ = State::kProven;
@@ -270,8 +261,7 @@ size_t Acceptor::step(const uint8_t* data, size_t len) {
   return take;
 }
 
-void Acceptor::accept() {
-  if (state_ != State::kProven) return;
+Binding Acceptor::binding() const {
   Binding b;
   b.jobId = jobId_;
   b.nonceC = hello_.nonce;
@@ -281,9 +271,14 @@ void Acceptor::accept() {
   b.size = size_;
   b.connIndex = hello_.connIndex;
   b.connCount = hello_.connCount;
+  return b;
+}
+
+void Acceptor::accept() {
+  if (state_ != State::kProven) return;
   Verdict v;
   v.status = static_cast<uint32_t>(Status::kOk);
-  v.mac = acceptorMac(token_, b);
+  v.mac = acceptorMac(token_, binding());
   const auto bytes = encodeVerdict(v);
   out_.insert(out_.end(), bytes.begin(), bytes.end());
   state_ = State::kDone;

@@ -136,6 +136,7 @@ class Acceptor {
   const std::string& reason() const { return reason_; }  // kRejected: why, for the log (no secret in it)
 
  private:
+  Binding binding() const;  // this connection's, from kProof on
   void reject(Status status, std::string why, bool challengePhase);
   size_t step(const uint8_t* data, size_t len);  // up to the end of the current message
 
