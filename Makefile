@@ -12,7 +12,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # installed in ~/.ansible by some other run must never shadow the code being tested.
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
 
-.PHONY: all demo demo-down test lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz bench bench-deps
+.PHONY: all demo demo-down test lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
+	meshccl-portable meshccl-macos bench bench-deps
 
 # meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
 # under AddressSanitizer + UndefinedBehaviorSanitizer, each built in its own directory.
@@ -81,6 +82,18 @@ meshccl-fuzz: deps
 			$(MESHCCL_BUILD)/fuzz/corpus-$$target 2>&1 | { grep -v -E '^(#[0-9]+.*(NEW|REDUCE|pulse)|"|######)' || true; }; \
 	done
 
+## meshccl built on Linux but forced onto the code paths macOS takes (no accept4 flags, no single copy,
+## the portable shared-memory names; scripts/meshccl-portable): its C++ suite, then meshccl's Python
+## jobs (tests/meshccl) against a Python module built the same way.
+meshccl-portable: venv
+	bash scripts/meshccl-portable
+
+## meshccl compiled and linked for aarch64-macos and x86_64-macos against macOS's headers (zig from
+## PyPI; scripts/meshccl-macos): the core, the C ABI, the C++ test binary and the Python module.
+## A build, not a run: behaviour on macOS needs a Mac (.github/workflows/meshccl.yml).
+meshccl-macos: venv
+	bash scripts/meshccl-macos
+
 ## The main job on the local lab: a 4-host mesh reached over SSH, its network converged and meshccl
 ## installed on every host (each host's own virtual environment), then meshccl-bench launched on
 ## every host from that install (rank 0 prints the table).
@@ -110,9 +123,9 @@ unit: venv
 integration: venv
 	pytest tests/integration
 
-## Lint, meshccl's C++ suites (plain, then sanitized, then fuzzed), then every Python test (unit, meshccl
-## jobs, lab integration) in one pytest run.
-test: lint sanity meshccl-cpp meshccl-sanitize meshccl-fuzz
+## Lint, meshccl's C++ suites (plain, sanitized, fuzzed), its macOS builds and its macOS code paths on Linux,
+## then every Python test (unit, meshccl jobs, lab integration) in one pytest run.
+test: lint sanity meshccl-cpp meshccl-sanitize meshccl-fuzz meshccl-macos meshccl-portable
 	pytest tests
 
 ## Ansible's own checks on the collection as ansible-galaxy builds it (scripts/ansible-sanity).
