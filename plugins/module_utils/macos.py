@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import plistlib
 import re
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.linux_net import checked
@@ -388,3 +391,430 @@ def plan_peer_links(run: Run, ports: list[dict[str, Any]], mtu: int | None, mgmt
                     "after a reboot nothing routes it out of this port; run setup.yml again after a reboot"
                 )
     return result
+
+
+# ---- what users trip on: read by the RDMA check (rdma_facts) and the launch preflight ----------
+# Sources of every claim below: tests/fixtures/macos/SOURCES.md ("Facts users trip on").
+RUNBOOK_BRIDGE = "docs/runbooks/thunderbolt-bridge.md"
+RUNBOOK_LNP = "docs/runbooks/local-network-privacy.md"
+
+
+def thunderbolt_links(data: dict[str, Any], hardware_ports: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """`system_profiler SPThunderboltDataType -json` → {netdev: link} for every port with a network device.
+
+    A link: ``name`` ("Thunderbolt N"), ``receptacle``, ``speed`` as shown, ``linked`` (a negotiated speed:
+    "80 Gb/s"; an idle port shows its capability, "Up to 120 Gb/s"), ``generation`` of the negotiated
+    speed (tb5 / tb4 / tb3-or-older; None on an idle port), ``port_generation`` of an idle port's capability,
+    and ``far_end``: what the port is cabled to, as system_profiler names it (a Mac with its model, a dock)."""
+    links: dict[str, dict[str, Any]] = {}
+    for bus in data.get("SPThunderboltDataType", []):
+        tag = bus.get("receptacle_1_tag") or {}
+        number = tag.get("receptacle_id_key")
+        device = hardware_ports.get(f"Thunderbolt {number}") if number else None
+        if not device:
+            continue
+        speed = tag.get("current_speed_key")
+        linked = bool(speed) and not str(speed).startswith("Up to")
+        items = bus.get("_items") or []
+        far = items[0] if items else {}
+        far_end = far.get("_name")
+        vendor = far.get("vendor_name_key")
+        if far_end and vendor and vendor != "Apple Inc." and not far_end.startswith(vendor):
+            far_end = f"{vendor} {far_end}"
+        model = far.get("device_name_key") or ""
+        if far_end and "," in model:  # a Mac's model identifier ("Mac15,14")
+            far_end = f"{far_end} ({model})"
+        links[device] = {
+            "port": device,
+            "name": f"Thunderbolt {number}",
+            "receptacle": number,
+            "speed": speed,
+            "linked": linked,
+            "generation": thunderbolt_generation(speed) if linked else None,
+            "port_generation": None if linked else thunderbolt_generation(speed),
+            "far_end": far_end,
+        }
+    return links
+
+
+def read_thunderbolt_links(run: Run) -> dict[str, dict[str, Any]]:
+    """The links of this Mac's Thunderbolt ports now (MacError when a command fails)."""
+    hardware = parse_hardware_ports(_out(run, HARDWARE_PORTS))
+    return thunderbolt_links(json.loads(_out(run, SYSTEM_PROFILER)), hardware)
+
+
+def parse_ifconfig_bridges(text: str) -> dict[str, dict[str, Any]]:
+    """`ifconfig` / `ifconfig -a` / `ifconfig bridge0` → {bridge: {"members", "up", "active", "inet"}} for
+    every interface block that is a bridge (has a "Configuration:" section or "member:" lines)."""
+    bridges: dict[str, dict[str, Any]] = {}
+    for name in re.findall(r"^([A-Za-z0-9]+): flags=", text, re.M):
+        block = ifconfig_block(text, name)
+        members = parse_bridge_members(block)
+        if not members and not re.search(r"^\s+Configuration:", block, re.M):
+            continue
+        flags = re.search(r"flags=[0-9a-f]+<([^>]*)>", block)
+        status = re.search(r"^\s*status:\s*(\S+)", block, re.M)
+        bridges[name] = {
+            "members": members,
+            "up": "UP" in (flags.group(1).split(",") if flags else []),
+            "active": status.group(1) == "active" if status else None,
+            "inet": re.findall(r"^\s*inet\s+([0-9.]+)", block, re.M),
+        }
+    return bridges
+
+
+def linux_bridges(sysfs_root: str = "/sys") -> dict[str, dict[str, Any]]:
+    """Linux: {bridge: {"members", "up"}} from <sysfs_root>/class/net/<port>/master (the lab's hosts
+    enslave their cable ports to a bridge0 as macOS does)."""
+    base = os.path.join(sysfs_root, "class", "net")
+    bridges: dict[str, dict[str, Any]] = {}
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return bridges
+    for name in names:
+        if os.path.isdir(os.path.join(base, name, "bridge")):
+            bridges.setdefault(name, {"members": [], "up": None, "active": None, "inet": []})
+        master = os.path.join(base, name, "master")
+        if os.path.islink(master):
+            bridge = os.path.basename(os.readlink(master))
+            if os.path.isdir(os.path.join(base, bridge, "bridge")):
+                bridges.setdefault(bridge, {"members": [], "up": None, "active": None, "inet": []})
+                bridges[bridge]["members"].append(name)
+    return bridges
+
+
+def bridged_ports(bridges: dict[str, dict[str, Any]], ports: list[str]) -> dict[str, str]:
+    """{port: bridge} for each of ``ports`` that is a member of a bridge."""
+    return {m: b for b, info in bridges.items() for m in info["members"] if m in ports}
+
+
+def bridge_problem(port: str, bridge: str, address: str | None = None, system: str = "Darwin") -> str:
+    """Why a cable port inside a bridge stops a launch, naming the port and the way out."""
+    where = f" its cable address {address} is not used," if address else ""
+    mac = (
+        "the Thunderbolt Bridge is active again: JACCL fails with "
+        "'[jaccl] Changing queue pair to RTR failed with errno 22', and three or more Macs cabled in a loop "
+        "make a broadcast storm"
+        if system == "Darwin"
+        else "traffic for the cable goes through the bridge"
+    )
+    return (
+        f"{port} is a member of {bridge}:{where} {mac}. Run setup.yml again (its thunderbolt_bridge step takes "
+        f"the ports out of {bridge} and keeps them out); see {RUNBOOK_BRIDGE}"
+    )
+
+
+# -- Local Network Privacy: a probe from the ranks' own interpreter, and what its answer means --------
+# The probe runs as `<interpreter> -c PROBE_SOURCE '<targets as JSON>'`, under the same process (and so
+# the same "responsible" app for macOS's Local Network Privacy) the ranks will have. Python 3.6+.
+PROBE_SOURCE = r"""
+import errno, json, os, socket, sys, time
+
+
+def probe(targets):
+    results = []
+    for t in targets:
+        family = socket.AF_INET6 if ":" in t["address"] else socket.AF_INET
+        r = {"address": t["address"], "port": t["port"]}
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.settimeout(t.get("timeout", 2.0))
+        start = time.time()
+        try:
+            s.connect((t["address"], t["port"]))
+            r["result"] = "connected"
+        except socket.timeout:
+            r["result"] = "timeout"
+        except OSError as e:
+            r.update(result="error", errno=e.errno, name=errno.errorcode.get(e.errno), strerror=e.strerror)
+        finally:
+            r["elapsed"] = round(time.time() - start, 3)
+            s.close()
+        u = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            u.sendto(b"", (t["address"], 9))
+            r["udp"] = "sent"
+        except OSError as e:
+            r["udp"] = errno.errorcode.get(e.errno, str(e.errno))
+        finally:
+            u.close()
+        results.append(r)
+    return {"results": results, "euid": os.geteuid(), "executable": sys.executable, "platform": sys.platform}
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(json.loads(sys.argv[1]))))
+"""
+
+
+def probe_peers(targets: list[dict[str, Any]], interpreter: str | None) -> dict[str, Any]:
+    """Connect to every target ({"address", "port", "timeout"}) from ``interpreter`` (a Python), or from
+    this Python when there is none or it cannot run the probe; {"results", "euid", "executable",
+    "platform", "probed_with", "note"}."""
+    note = None
+    if interpreter and PYTHON_NAME.match(os.path.basename(interpreter)):
+        limit = sum(2 * float(t.get("timeout", 2.0)) for t in targets) + 15
+        found = None
+        try:
+            done = subprocess.run(
+                [interpreter, "-c", PROBE_SOURCE, json.dumps(targets)],
+                capture_output=True,
+                text=True,
+                timeout=limit,
+                check=False,
+            )
+            if done.returncode == 0 and done.stdout.strip():
+                found = json.loads(done.stdout.strip().splitlines()[-1])
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            found = None
+        if isinstance(found, dict):
+            return {**found, "probed_with": interpreter, "note": None}
+        note = f"the probe could not run under {interpreter}; it ran under {sys.executable} instead"
+    elif interpreter:
+        note = f"the ranks' interpreter {interpreter} is no Python; the probe ran under {sys.executable}"
+    space: dict[str, Any] = {"__name__": "meshkit_probe"}
+    exec(compile(PROBE_SOURCE, "meshkit_probe", "exec"), space)
+    return {**space["probe"](targets), "probed_with": sys.executable, "note": note}
+
+
+PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+# errno names by number where the probe's own name is missing (numbers differ between the systems).
+ERRNO_NAMES = {
+    "Darwin": {51: "ENETUNREACH", 60: "ETIMEDOUT", 61: "ECONNREFUSED", 64: "EHOSTDOWN", 65: "EHOSTUNREACH"},
+    "Linux": {101: "ENETUNREACH", 110: "ETIMEDOUT", 111: "ECONNREFUSED", 112: "EHOSTDOWN", 113: "EHOSTUNREACH"},
+}
+MULTIPLEXERS = {"tmux": "tmux", "screen": "screen", "zellij": "zellij", "byobu": "byobu"}
+
+
+def parse_ps(text: str) -> dict[int, tuple[int, str]]:
+    """`ps -A -o pid=,ppid=,comm=` → {pid: (ppid, command)}."""
+    table: dict[int, tuple[int, str]] = {}
+    for line in text.splitlines():
+        fields = line.split(None, 2)
+        if len(fields) == 3 and fields[0].isdigit() and fields[1].isdigit():
+            table[int(fields[0])] = (int(fields[1]), fields[2].strip())
+    return table
+
+
+def ancestry(table: dict[int, tuple[int, str]], pid: int) -> list[str]:
+    """The commands from ``pid``'s parent up to (not including) PID 1."""
+    out: list[str] = []
+    seen = {pid}
+    current = table.get(pid, (0, ""))[0]
+    while current > 1 and current not in seen and current in table:
+        seen.add(current)
+        parent, command = table[current]
+        out.append(command)
+        current = parent
+    return out
+
+
+def launch_context(env: dict[str, str], parents: list[str]) -> dict[str, Any]:
+    """Where the ranks would be started from, for Local Network Privacy: inside a terminal multiplexer, from
+    an app's terminal, over SSH, or from Terminal. ``parents`` are the ancestors' commands (nearest first)."""
+    names = [os.path.basename(c.split()[0]) if c else "" for c in parents]
+    multiplexer = next((MULTIPLEXERS[n] for n in names if n in MULTIPLEXERS), None)
+    if not multiplexer:
+        multiplexer = "tmux" if env.get("TMUX") else "screen" if env.get("STY") else None
+    app = next((c for c in parents if ".app/" in c), None)
+    if app:
+        app = app.split(".app/")[0].rsplit("/", 1)[-1] + ".app"
+    terminal = env.get("TERM_PROGRAM")
+    ssh = bool(env.get("SSH_CONNECTION")) or any(n in ("sshd", "sshd-session") for n in names)
+    if multiplexer:
+        via = f"inside {multiplexer}"
+    elif app and app != "Terminal.app":
+        via = f"from {app}"
+    elif terminal and terminal != "Apple_Terminal":
+        via = f"from {terminal}'s terminal"
+    elif ssh:
+        via = "over SSH"
+    else:
+        via = "from Terminal" if terminal == "Apple_Terminal" or app == "Terminal.app" else "from an unknown parent"
+    return {"multiplexer": multiplexer, "app": app, "term_program": terminal, "ssh": ssh, "via": via}
+
+
+def on_link(link: dict[str, Any], route: dict[str, Any] | None) -> bool:
+    """Is the link's peer on a directly connected network: inside the cable's subnet, and (when a route was
+    read) the route leaves through the cable's port without a gateway?"""
+    try:
+        net = ipaddress.ip_interface(f"{link['address']}/{link.get('prefix', 30)}").network
+        inside = ipaddress.ip_address(link["peer_address"]) in net
+    except (KeyError, ValueError):
+        inside = False
+    if not route:
+        return inside
+    gateway = route.get("gateway")
+    direct = not gateway or gateway == link.get("peer_address") or gateway.startswith("link#")
+    return inside and direct and route.get("interface") in (None, link.get("port"))
+
+
+def classify_probe(
+    result: dict[str, Any],
+    link: dict[str, Any],
+    system: str,
+    route: dict[str, Any] | None = None,
+    euid: int | None = None,
+    interpreter: str | None = None,
+    host: str | None = None,
+    context: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What one probe's answer means: {"kind", "problem", "note"}.
+
+    Kinds: ``reachable`` (connected, or refused: the peer answered), ``local_network_privacy`` (macOS, not
+    root, EHOSTUNREACH to a peer on a directly connected network: the OS refused before any packet left),
+    ``wrong_route`` (the route to the peer leaves through another interface), ``unreachable``
+    (EHOSTUNREACH/EHOSTDOWN/ENETUNREACH otherwise), ``no_answer`` (timeout: a firewall, a dead cable, or the
+    peer is down; only a note), ``error`` (anything else)."""
+    peer = link.get("peer_address")
+    port = link.get("port")
+    who = link.get("peer_host") or peer
+    here = f"{host}: " if host else ""
+    what = f"{interpreter or 'this host'} could not reach {who} at {peer} (cable {port})"
+    name = result.get("name") or ERRNO_NAMES.get(system, {}).get(result.get("errno") or -1)
+    direct = on_link(link, route)
+    out: dict[str, Any] = {"kind": "error", "problem": None, "note": None, "errno": name}
+    if result.get("result") == "connected" or name == "ECONNREFUSED":
+        out["kind"] = "reachable"
+        return out
+    if route and route.get("interface") and port and route["interface"] != port:
+        out["kind"] = "wrong_route"
+        out["problem"] = (
+            f"{here}the route to {who}'s cable address {peer} leaves through {route['interface']}, not the cable "
+            f"port {port}: run setup.yml again (it puts back the cable's address and host route)"
+        )
+        return out
+    if result.get("result") == "timeout":
+        out["kind"] = "no_answer"
+        hint = (
+            " On macOS a process that lost its Terminal or SSH session (nohup, an orphan of launchd) can see this "
+            f"from Local Network Privacy too: {RUNBOOK_LNP}"
+            if system == "Darwin"
+            else ""
+        )
+        out["note"] = (
+            f"{here}{what}: no answer within {result.get('elapsed')} s (a firewall dropping port "
+            f"{result.get('port')}, the peer down, or the cable).{hint}"
+        )
+        return out
+    number = result.get("errno")
+    text = f"{name or 'errno'} (errno {number}, '{result.get('strerror') or ''}')"
+    if name == "EHOSTUNREACH" and system == "Darwin" and direct and euid != 0:
+        ctx = context or {}
+        started = ctx.get("via") or "from this session"
+        instead = " Started over plain SSH or from Apple's Terminal" if ctx.get("multiplexer") or ctx.get("app") else ""
+        allow = ctx.get("app") or (ctx.get("term_program") if ctx.get("term_program") not in (None, "tmux") else None)
+        allow_text = f" ({allow})" if allow else ""
+        out["kind"] = "local_network_privacy"
+        out["problem"] = (
+            f"{here}{what}: connect() failed after {result.get('elapsed')} s with {text}, although {peer} is on "
+            f"the cable's own network. This is macOS's Local Network Privacy refusing the program, not the "
+            f"network (ping and ssh may still work): the ranks would be started {started}. Fix: System Settings "
+            f"> Privacy & Security > Local Network, allow the app the launch runs from{allow_text} and start it "
+            f"again;{instead or ' or'} start the launch from a plain ssh session or Apple's Terminal, not inside "
+            f"tmux/screen or an app's terminal, or run it from a launchd daemon. See {RUNBOOK_LNP}"
+        )
+        return out
+    if name in ("EHOSTUNREACH", "EHOSTDOWN", "ENETUNREACH", "EADDRNOTAVAIL"):
+        out["kind"] = "unreachable"
+        out["problem"] = (
+            f"{here}{what}: {text}. The peer does not answer on the cable (cable unplugged, the peer down, or its "
+            f"address gone): check the cable and run setup.yml again"
+            + (" (running as root rules out Local Network Privacy)" if system == "Darwin" and euid == 0 else "")
+        )
+        return out
+    out["problem"] = f"{here}{what}: {text}"
+    return out
+
+
+def parse_ip_route_get(text: str) -> dict[str, Any]:
+    """Linux `ip -j route get ADDRESS` → {"interface", "gateway"} (absent keys absent)."""
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return {}
+    entry = entries[0] if isinstance(entries, list) and entries else {}
+    out = {}
+    if entry.get("dev"):
+        out["interface"] = entry["dev"]
+    if entry.get("gateway"):
+        out["gateway"] = entry["gateway"]
+    return out
+
+
+def launch_checks(
+    links: list[dict[str, Any]],
+    run: Run,
+    system: str,
+    interpreter: str | None = None,
+    probe_port: int = 22,
+    probe_timeout: float = 2.0,
+    sysfs_root: str = "/sys",
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The launch preflight's checks of this host's cables (``links``: the plan's per-host entries, each
+    with port, address, prefix, peer_address, peer_host): no cable port inside a bridge, and every peer
+    reachable from the ranks' interpreter, a refusal classified (Local Network Privacy on macOS).
+    Returns {"problems", "notes", "peers", "bridged", "context", "probed_with"}; changes nothing. Messages
+    do not name the host: the launch puts it in front of each."""
+    problems: list[str] = []
+    notes: list[str] = []
+    ports = [str(link["port"]) for link in links if link.get("port")]
+    if system == "Darwin":
+        rc, out, err = run(["ifconfig", "-a"])
+        bridges = parse_ifconfig_bridges(out) if rc == 0 else {}
+        if rc != 0:
+            notes.append(f"ifconfig -a failed (rc={rc}): {err.strip()}; bridge members not checked")
+    else:
+        bridges = linux_bridges(sysfs_root)
+    bridged = bridged_ports(bridges, ports)
+    for link in links:
+        bridge = bridged.get(str(link.get("port")))
+        if bridge:
+            problems.append(bridge_problem(str(link["port"]), bridge, link.get("address"), system))
+    rc, out, _err = run(["ps", "-A", "-o", "pid=,ppid=,comm="])
+    parents = ancestry(parse_ps(out), os.getpid()) if rc == 0 else []
+    context = launch_context(dict(os.environ if env is None else env), parents)
+    targets = [
+        {"address": str(link["peer_address"]), "port": int(probe_port), "timeout": float(probe_timeout)}
+        for link in links
+        if link.get("peer_address")
+    ]
+    peers: list[dict[str, Any]] = []
+    probed_with = None
+    if targets:
+        probe = probe_peers(targets, interpreter)
+        if probe.get("note"):
+            notes.append(probe["note"])
+        euid = probe.get("euid")
+        probed_with = probe.get("probed_with")
+        if system == "Darwin" and euid == 0:
+            notes.append(
+                f"the probe ran as root, which Local Network Privacy exempts: ranks started as another user "
+                f"may still be refused ({RUNBOOK_LNP})"
+            )
+        answers = iter(probe.get("results") or [])
+        for link in links:
+            if not link.get("peer_address"):
+                continue
+            result = next(answers, {"result": "missing"})
+            if system == "Darwin":
+                rc, out, _err = run(["route", "-n", "get", str(link["peer_address"])])
+                route = parse_route_get(out) if rc == 0 else None
+            else:
+                rc, out, _err = run(["ip", "-j", "route", "get", str(link["peer_address"])])
+                route = parse_ip_route_get(out) if rc == 0 else None
+            verdict = classify_probe(result, link, system, route, euid, probe.get("probed_with"), None, context)
+            peers.append({**link, "probe": result, "route": route, **verdict})
+            if verdict["problem"]:
+                problems.append(verdict["problem"])
+            if verdict["note"]:
+                notes.append(verdict["note"])
+    return {
+        "problems": problems,
+        "notes": notes,
+        "peers": peers,
+        "bridged": bridged,
+        "context": context,
+        "probed_with": probed_with,
+    }

@@ -22,6 +22,10 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.naming import natu
 RUNBOOK_MACOS = "docs/runbooks/rdma-macos.md"
 RUNBOOK_TB = "docs/runbooks/tb4-vs-tb5.md"
 RUNBOOK_ROCE = "docs/runbooks/roce-nccl.md"
+RUNBOOK_GID = "docs/runbooks/rdma-link-local-gid.md"
+RUNBOOK_BRIDGE = "docs/runbooks/thunderbolt-bridge.md"
+# What JACCL (MLX) prints when a queue pair is given no usable GID: ml-explore/mlx#3467, #4191.
+JACCL_ERRNO_22 = "[jaccl] Changing queue pair to RTR failed with errno 22"
 # Never NCCL's socket interface: loopback and container bridges.
 NOT_FABRIC = re.compile(r"^(lo|docker\d*|virbr\d*|veth[0-9a-f]+|br-[0-9a-f]+|cni\d*|flannel.*)$")
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -42,6 +46,13 @@ class Gid:
         except ValueError:
             return None
         return str(mapped) if mapped else None
+
+    @property
+    def link_local(self) -> bool:
+        try:
+            return ipaddress.IPv6Address(self.gid).is_link_local
+        except ValueError:
+            return False
 
 
 @dataclass
@@ -82,8 +93,35 @@ class RdmaPort:
             return None
         if self.ipv4_gid() is None:
             kind = "RoCE v2 " if self.roce else ""
-            return f"{self.device} port {self.port} has no {kind}IPv4 GID yet (its interface needs an IPv4 address)"
+            why = f"{self.device} port {self.port} has no {kind}IPv4 GID yet (its interface needs an IPv4 address)"
+            if self.thunderbolt and self.link_local_only():
+                shown = ", ".join(f"GID[{g.index}] {g.gid}" for g in self.gids)
+                why += (
+                    f": only link-local GIDs ({shown}). JACCL needs an IPv4-mapped GID (::ffff:a.b.c.d) on every "
+                    f"port it uses and fails without one with '{JACCL_ERRNO_22}'; it appears once "
+                    f"{self.netdev or 'the port'} has an IPv4 address of its own"
+                )
+            return why
         return None
+
+    @property
+    def thunderbolt(self) -> bool:
+        return self.link_layer.lower() == "thunderbolt"
+
+    def link_local_only(self) -> bool:
+        """Every GID is link-local (fe80::): what a Thunderbolt port publishes before its interface has IPv4."""
+        return bool(self.gids) and all(g.link_local for g in self.gids)
+
+    def gid_note(self) -> str | None:
+        """A Thunderbolt port whose IPv4-mapped GID is not at index 1, the index Apple's TN3205 example and
+        MLX releases before ml-explore/mlx#3412 use."""
+        gid = self.ipv4_gid()
+        if not self.thunderbolt or gid is None or gid.index == 1:
+            return None
+        return (
+            f"{self.device}: its IPv4-mapped GID is at index {gid.index}, not 1; MLX releases that took GID index "
+            f"1 (before ml-explore/mlx#3412) fail on it with '{JACCL_ERRNO_22}', current JACCL finds it itself"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         gid = self.ipv4_gid()
@@ -279,6 +317,33 @@ def parse_ibv_devinfo(text: str) -> list[RdmaPort]:
 # ---------------------------------------------------------------- facts
 
 
+def slow_link(name: str, link: dict[str, Any] | None, device: str | None = None) -> str | None:
+    """Why RDMA cannot run over the cable on port ``name``: its link was negotiated at Thunderbolt 4/3
+    speed (40 Gb/s or less), whatever devices macOS lists. ``link``: macos.thunderbolt_links' entry, or
+    only a ``generation`` from discovery."""
+    if not link or link.get("generation") not in ("tb4", "tb3-or-older"):
+        return None
+    if link.get("linked") is False:
+        return None
+    label = f"{name} ({link['name']})" if link.get("name") else name
+    speed = link.get("speed") or "Thunderbolt 4 speed"
+    to = f" to {link['far_end']}" if link.get("far_end") else ""
+    listed = f", although macOS lists {device} for it" if device else ""
+    return (
+        f"{label} is linked at {speed}{to}: a Thunderbolt 4/3 link, and RDMA does not run over it{listed} "
+        "(Thunderbolt 5 needed at both ends and in the cable; JACCL over it crashes or never connects)"
+    )
+
+
+def bridged(name: str, bridge: str, device: str | None) -> str:
+    what = f"{device} publishes no IPv4-mapped GID for it" if device else "it has no address of its own"
+    return (
+        f"{name} is a member of {bridge} (the Thunderbolt Bridge is active): its IPv4 address sits on {bridge}, "
+        f"so {what} and JACCL fails with '{JACCL_ERRNO_22}'. Run setup.yml (its thunderbolt_bridge step takes "
+        f"the ports out of {bridge})"
+    )
+
+
 def host_facts(
     system: str,
     ports: list[RdmaPort],
@@ -287,15 +352,29 @@ def host_facts(
     devices: list[str] | None = None,
     tool_missing: str | None = None,
     generations: dict[str, str | None] | None = None,
+    links: dict[str, dict[str, Any]] | None = None,
+    bridges: dict[str, dict[str, Any]] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """One host's RDMA facts for the cabled ports ``fabric`` (the plan's ports of this host).
 
     ``status`` is one of: ``none`` (no RDMA on this host), ``disabled`` (macOS: RDMA not
     enabled), ``not_capable`` (enabled, but no device: Thunderbolt 4 or older), ``enabled``
     (devices present; per port ``usable`` tells which can carry RDMA now).
+
+    macOS only: ``links`` (macos.thunderbolt_links: each port's negotiated speed) or ``generations`` (from
+    discovery) rule out a port linked at Thunderbolt 4/3 speed even where macOS lists a device for it (its
+    ``device`` is then null, ``listed_device`` names it); ``bridges`` (macos.parse_ifconfig_bridges) rule
+    out a port that is a member of a bridge.
     """
     generations = generations or {}
+    links = dict(links or {})
+    for name, generation in generations.items():
+        if name not in links and generation:
+            links[name] = {"generation": generation}
+    in_bridge = {m: b for b, info in (bridges or {}).items() for m in info.get("members") or []}
     by_netdev = {p.netdev: p for p in ports if p.netdev}
+    notes = list(notes or [])
     status, message, runbook = "enabled", "", None
     if system == "Darwin":
         if tool_missing:
@@ -313,33 +392,64 @@ def host_facts(
     elif not ports:
         status, runbook = "none", RUNBOOK_ROCE
         message = "no RDMA devices (/sys/class/infiniband is empty or absent)"
+    runbooks = [runbook] if runbook else []
     port_facts = {}
     problems = []
     for name in fabric:
         rport = by_netdev.get(name)
+        listed = rport.device if rport else f"rdma_{name}" if devices and f"rdma_{name}" in devices else None
+        why: list[str] = []
+        slow = slow_link(name, links.get(name), listed) if system == "Darwin" and not tool_missing else None
+        if slow:
+            why.append(slow)
+            runbooks.append(RUNBOOK_TB)
+        bridge = in_bridge.get(name) if system == "Darwin" else None
+        if bridge:
+            why.append(bridged(name, bridge, rport.device if rport else None))
+            runbooks.append(RUNBOOK_BRIDGE)
         if rport is None:
-            why = message or f"no RDMA device on {name}"
-            if status == "enabled" and generations.get(name) in ("tb4", "tb3-or-older"):
-                why = f"{name} is linked at Thunderbolt 4 speed: no RDMA over it (Thunderbolt 5 needed)"
-            port_facts[name] = {"netdev": name, "usable": False, "problem": why, "device": None}
+            if not why:
+                why.append(message or f"no RDMA device on {name}")
+            entry: dict[str, Any] = {"netdev": name, "device": None}
         else:
-            port_facts[name] = rport.as_dict()
-        if not port_facts[name]["usable"]:
-            problems.append(f"{name}: {port_facts[name]['problem']}")
+            entry = rport.as_dict()
+            problem = rport.problem()
+            gid_only = problem is not None and rport.active and rport.ipv4_gid() is None
+            if problem and not slow and not (bridge and gid_only):
+                why.append(problem)
+                if gid_only and rport.thunderbolt:
+                    runbooks.append(RUNBOOK_GID)
+            note = rport.gid_note()
+            if note:
+                notes.append(note)
+        if slow and entry.get("device"):
+            entry["device"] = None  # the planner counts a port with a device as able to carry RDMA
+        entry["listed_device"] = listed
+        entry["link"] = links.get(name)
+        entry["bridge"] = bridge
+        entry["usable"] = not why
+        entry["problem"] = "; ".join(why) or None
+        port_facts[name] = entry
+        if why:
+            problems.append(f"{name}: {entry['problem']}")
     if status == "enabled" and not message:
         usable = sum(1 for p in port_facts.values() if p["usable"])
         message = f"{len(ports)} RDMA port(s); {usable} of {len(fabric)} cabled port(s) usable"
-    if status == "enabled" and problems and runbook is None:
-        runbook = RUNBOOK_MACOS if system == "Darwin" else RUNBOOK_ROCE
+    if status == "enabled" and problems and not runbooks:
+        runbooks.append(RUNBOOK_MACOS if system == "Darwin" else RUNBOOK_ROCE)
+    runbooks = list(dict.fromkeys(runbooks))
     return {
         "system": system,
         "status": status,
         "message": message,
-        "runbook": runbook,
+        "runbook": runbooks[0] if runbooks else None,
+        "runbooks": runbooks,
         "devices": [p.as_dict() for p in ports],
         "ports": port_facts,
         "usable": bool(fabric) and not problems,
         "problems": problems,
+        "notes": notes,
+        "bridges": bridges or {},
         "nccl_env": nccl_env(ports, fabric) if system != "Darwin" else {},
     }
 

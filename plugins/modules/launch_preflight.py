@@ -15,7 +15,14 @@ description:
     different paths (or not at all) on some host stops the launch before any rank starts.
   - Tries to bind every planned listening address and port, and reports one that is taken (with the process that
     holds it, where C(ss) can tell) or an address the host does not have.
-  - Read-only; runs in check mode too.
+  - With O(links) (the plan's cables of this host), checks that no cable port is a member of a bridge (macOS - the
+    Thunderbolt Bridge active again, which JACCL answers with C(errno 22); Linux - C(/sys/class/net/<port>/master)),
+    and connects to every peer's cable address from the ranks' own interpreter. A refusal with C(EHOSTUNREACH)
+    (C(No route to host), errno 65) on macOS to a peer on the cable's own network is classified as Local Network
+    Privacy blocking the program (started inside tmux/screen or from an app's terminal), with the fix. A peer that
+    refuses the connection answered, so it counts as reachable; one that does not answer in time is only a note.
+  - Read-only; runs in check mode too (the probe opens and closes one TCP connection per peer and sends one empty UDP
+    datagram to its port 9).
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
@@ -52,6 +59,30 @@ options:
     type: list
     elements: raw
     default: []
+  links:
+    description:
+      - This host's cables as the plan has them (C(per_host[host]) of plan.json) - each with C(port), C(address),
+        C(prefix), C(peer_address), C(peer_host). Empty - no cable checks.
+    type: list
+    elements: dict
+    default: []
+  probe_port:
+    description: The TCP port connected to on every peer (a refusal proves the peer reachable as well as an accept).
+    type: int
+    default: 22
+  probe_timeout:
+    description: Seconds to wait for each peer.
+    type: float
+    default: 2.0
+  system:
+    description: C(auto) detects; C(Linux) or C(Darwin) forces a platform (tests).
+    type: str
+    default: auto
+    choices: [auto, Linux, Darwin]
+  sysfs_root:
+    description: Root of the sysfs tree whose C(class/net/*/master) tells bridge members (Linux).
+    type: path
+    default: /sys
 """
 
 EXAMPLES = r"""
@@ -59,6 +90,11 @@ EXAMPLES = r"""
   meshkit.cluster.launch_preflight:
     argv: [python3, /shared/train.py]
     ports: [[198.18.128.1, 29600, meshccl rank 0]]
+
+- name: Preflight with the cables checked (bridge members, peers reachable from the ranks' Python)
+  meshkit.cluster.launch_preflight:
+    argv: [python3, /shared/train.py]
+    links: "{{ meshkit_planned.plan.per_host[inventory_hostname] }}"
 """
 
 RETURN = r"""
@@ -79,9 +115,37 @@ problems:
   returned: always
   type: list
   elements: str
+notes:
+  description: What was found but does not stop a launch (a peer that did not answer in time, a check skipped).
+  returned: always
+  type: list
+  elements: str
+peers:
+  description:
+    - Per link, the probe's answer (C(probe) - result, errno name, elapsed seconds), the route read, and the verdict -
+      C(kind) (reachable, local_network_privacy, wrong_route, unreachable, no_answer, error), C(problem), C(note).
+  returned: always
+  type: list
+  elements: dict
+bridged:
+  description: Cable ports that are members of a bridge, with the bridge.
+  returned: always
+  type: dict
+context:
+  description: Where the ranks would be started from (C(via) - inside tmux, from an app, over SSH, from Terminal).
+  returned: always
+  type: dict
+probed_with:
+  description: The Python the peers were probed from (the ranks' interpreter when it is a Python), null without links.
+  returned: always
+  type: str
 """
 
+import platform
+
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils import macos
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import runner
 from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import preflight
 
 
@@ -94,6 +158,11 @@ def main() -> None:
             "cwd": {"type": "str"},
             "require": {"type": "list", "elements": "str", "default": []},
             "ports": {"type": "list", "elements": "raw", "default": []},
+            "links": {"type": "list", "elements": "dict", "default": []},
+            "probe_port": {"type": "int", "default": 22},
+            "probe_timeout": {"type": "float", "default": 2.0},
+            "system": {"type": "str", "default": "auto", "choices": ["auto", "Linux", "Darwin"]},
+            "sysfs_root": {"type": "path", "default": "/sys"},
         },
         supports_check_mode=True,
     )
@@ -106,7 +175,20 @@ def main() -> None:
         require=p["require"],
         ports=p["ports"],
     )
-    module.exit_json(changed=False, **found)
+    system = platform.system() if p["system"] == "auto" else p["system"]
+    checks = {"problems": [], "notes": [], "peers": [], "bridged": {}, "context": {}, "probed_with": None}
+    if p["links"]:
+        checks = macos.launch_checks(
+            p["links"],
+            runner(module),
+            system,
+            interpreter=found["interpreter"],
+            probe_port=p["probe_port"],
+            probe_timeout=p["probe_timeout"],
+            sysfs_root=p["sysfs_root"],
+        )
+    found["problems"] = list(found["problems"]) + checks["problems"]
+    module.exit_json(changed=False, **found, **{k: v for k, v in checks.items() if k != "problems"})
 
 
 if __name__ == "__main__":

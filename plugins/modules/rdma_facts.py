@@ -16,7 +16,12 @@ description:
     cabled ports exactly (never C(lo) or C(docker0)); C(NCCL_IB_DISABLE=1) where no port is ACTIVE.
   - macOS - C(rdma_ctl status), C(ibv_devices), C(ibv_devinfo -v). Tells RDMA not enabled (enable it from
     Recovery) from not capable (enabled but no device - Thunderbolt 4) from a port that is down or has no
-    IPv4 GID yet.
+    IPv4 GID yet (only link-local C(fe80::) GIDs - JACCL fails with C(errno 22)).
+  - macOS - also reads each port's negotiated link speed (C(system_profiler SPThunderboltDataType -json) with
+    C(networksetup -listallhardwareports)) and rules out a cable linked at Thunderbolt 4/3 speed (40 Gb/s) even
+    where macOS lists an C(rdma_enX) for it, naming the port, the speed and what is at the other end; and reads
+    C(ifconfig -a) to rule out a cabled port that is a member of a bridge (the Thunderbolt Bridge active again).
+    Where one of these commands is missing or fails, the check is skipped and C(notes) says so.
   - With O(require), fails naming every cabled port that cannot carry RDMA and the runbook that fixes it.
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
@@ -68,6 +73,18 @@ options:
     description: Name or path of C(ibv_devinfo) (macOS).
     type: str
     default: ibv_devinfo
+  system_profiler:
+    description: Name or path of C(system_profiler) (macOS), for the link speed of every Thunderbolt port.
+    type: str
+    default: system_profiler
+  networksetup:
+    description: Name or path of C(networksetup) (macOS), for the port behind each C(Thunderbolt N).
+    type: str
+    default: networksetup
+  ifconfig:
+    description: Name or path of C(ifconfig) (macOS), for bridge members.
+    type: str
+    default: ifconfig
 """
 
 EXAMPLES = r"""
@@ -84,8 +101,12 @@ EXAMPLES = r"""
 
 RETURN = r"""
 rdma:
-  description: Status (none, disabled, not_capable, enabled), message, runbook, devices, per-port readiness
-    (device, state, gid_index, gid_ipv4, usable, problem), usable, problems, nccl_env.
+  description:
+    - Status (none, disabled, not_capable, enabled), message, runbook (the first of runbooks), runbooks, devices,
+      per-port readiness (device, listed_device, state, gid_index, gid_ipv4, link, bridge, usable, problem),
+      usable, problems, notes, bridges, nccl_env.
+    - C(device) is the RDMA device that can serve the cable; it is null on a port linked at Thunderbolt 4/3 speed
+      even where macOS lists one (C(listed_device)).
   returned: always
   type: dict
 ansible_facts:
@@ -97,15 +118,19 @@ ansible_facts:
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import rdma
+from ansible_collections.meshkit.cluster.plugins.module_utils import macos, rdma
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import runner
+
+
+def tool(module: AnsibleModule, name: str) -> str | None:
+    return name if "/" in name else module.get_bin_path(name)
 
 
 def darwin_facts(module: AnsibleModule, run) -> dict:
     p = module.params
     tools = {}
     for key in ("rdma_ctl", "ibv_devices", "ibv_devinfo"):
-        tools[key] = p[key] if "/" in p[key] else module.get_bin_path(p[key])
+        tools[key] = tool(module, p[key])
         if not tools[key]:
             return rdma.host_facts("Darwin", [], p["ports"], tool_missing=p[key], generations=p["generations"])
     rc, out, err = run([tools["rdma_ctl"], "status"])
@@ -118,7 +143,42 @@ def darwin_facts(module: AnsibleModule, run) -> dict:
         if rc != 0:
             module.fail_json(msg=f"{tools['ibv_devinfo']} -v failed (rc={rc}): {err.strip()}")
         ports = rdma.parse_ibv_devinfo(out)
-    return rdma.host_facts("Darwin", ports, p["ports"], enabled, devices, generations=p["generations"])
+    notes = []
+    links = None
+    profiler, networksetup = tool(module, p["system_profiler"]), tool(module, p["networksetup"])
+    if profiler and networksetup:
+        named = {"system_profiler": profiler, "networksetup": networksetup}
+
+        def through(argv: list[str]) -> tuple[int, str, str]:
+            return run([named.get(argv[0], argv[0]), *argv[1:]])
+
+        try:
+            links = macos.read_thunderbolt_links(through)
+        except (macos.MacError, ValueError) as exc:
+            notes.append(f"link speeds not read ({exc}); a Thunderbolt 4 link is only told by discovery's generation")
+    else:
+        notes.append("system_profiler or networksetup not found: link speeds not read")
+    bridges = None
+    ifconfig = tool(module, p["ifconfig"])
+    if ifconfig:
+        rc, out, err = run([ifconfig, "-a"])
+        if rc == 0:
+            bridges = macos.parse_ifconfig_bridges(out)
+        else:
+            notes.append(f"{ifconfig} -a failed (rc={rc}): {err.strip()}; bridge members not checked")
+    else:
+        notes.append("ifconfig not found: bridge members not checked")
+    return rdma.host_facts(
+        "Darwin",
+        ports,
+        p["ports"],
+        enabled,
+        devices,
+        generations=p["generations"],
+        links=links,
+        bridges=bridges,
+        notes=notes,
+    )
 
 
 def main() -> None:
@@ -133,6 +193,9 @@ def main() -> None:
             "rdma_ctl": {"type": "str", "default": "rdma_ctl"},
             "ibv_devices": {"type": "str", "default": "ibv_devices"},
             "ibv_devinfo": {"type": "str", "default": "ibv_devinfo"},
+            "system_profiler": {"type": "str", "default": "system_profiler"},
+            "networksetup": {"type": "str", "default": "networksetup"},
+            "ifconfig": {"type": "str", "default": "ifconfig"},
         },
         supports_check_mode=True,
     )
@@ -147,7 +210,8 @@ def main() -> None:
         what = f"backend {p['backend']}" if p["backend"] else "this run"
         reasons = "; ".join(facts["problems"]) or facts["message"] or "no cabled port"
         module.fail_json(
-            msg=f"{what} needs RDMA on every cable, and this host cannot: {reasons}. Fix: see {facts['runbook']}",
+            msg=f"{what} needs RDMA on every cable, and this host cannot: {reasons}. "
+            f"Fix: see {' and '.join(facts['runbooks']) or facts['runbook']}",
             **result,
         )
     module.exit_json(**result)
