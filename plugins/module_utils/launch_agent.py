@@ -28,16 +28,30 @@ a parent every user may write to (sticky, like /tmp): see job_directory(). The r
 user the connection logged in as.
 
 Stopping is SIGTERM to each rank's process group, SIGKILL to what is left after ``grace``
-seconds, then (Linux) SIGKILL to any other descendant: the agent is a child subreaper, so a
-rank's daemonised children are re-parented to it and cannot escape. Ranks get
-PR_SET_PDEATHSIG, so a killed agent takes its ranks with it; their own children are the
-watchdog's. The process the connection started becomes a watchdog once the job is read: it
-forks, the child is the agent, and the watchdog waits for it. When the agent ends (however: even
-SIGKILL) the watchdog, itself a child subreaper and so the new parent of every orphan of the
-job, SIGKILLs the ranks' process groups, every process below it, and (Linux) every process whose
-environment carries the job's random ``MESHKIT_JOB_MARK`` (see sweep_job()). On macOS there is
-no subreaper, no PR_SET_PDEATHSIG and no /proc: the watchdog kills the ranks' process groups
-only, so a rank's child that left its process group (setsid, a daemon) outlives a killed agent.
+seconds, then SIGKILL to whatever else of the job is left. The process the connection started
+becomes a watchdog once the job is read: it forks, the child is the agent, and the watchdog
+waits for it; when the agent ends any way but in order (even SIGKILL) the watchdog kills what is
+left of the job. Every rank's environment carries the job's random ``MESHKIT_JOB_MARK``. How the
+rest of the job is found depends on the platform (_platform_mode()):
+
+- Linux ("linux"): the agent and the watchdog are child subreapers, so every orphan of the job
+  (a daemon: double fork, setsid) is re-parented to them and cannot leave the tree; ranks get
+  PR_SET_PDEATHSIG, so a killed agent takes its ranks with it; /proc gives the tree, the groups
+  and every process's environment (job_processes(), sweep_job()).
+- macOS, and Linux with MESHKIT_AGENT_PORTABLE=1 in the agent's environment (or "portable": true
+  in the job) ("portable"): no subreaper, no PR_SET_PDEATHSIG, no /proc; ``ps`` alone
+  (PortableJob). The agent looks at its job every TRACK_EVERY seconds (and before it stops it)
+  and remembers each process of it by pid and start time, telling the watchdog; an orphan
+  re-parented to init/launchd is still known by both. A process is the job's when it descends
+  from the agent (or watchdog), was seen as the job's with the same start time, carries the
+  mark (where ps shows environments: procps ``e``; macOS ``-E``, which shows nothing for
+  Apple's restricted platform binaries), descends from one of those, or shares a rank's process
+  group with one of those. Ranks die with a killed agent through the watchdog's sweep. The
+  watchdog also stops the job when its own parent (the connection's process) is gone. What a
+  portable host cannot catch: a process that left the ranks' groups and the tree (double fork,
+  setsid) before any look at the job, and carries no visible mark (it cleared its environment,
+  or on macOS it is a restricted binary); a pid reused within the same second is taken for
+  the process it replaced (start times have one-second resolution).
 """
 
 from __future__ import annotations
@@ -60,7 +74,7 @@ import stat
 import subprocess
 import sys
 import time
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -601,7 +615,8 @@ def job_processes(root: int, mark: str, table: dict[int, tuple[int, bytes, int]]
 def marked_groups(groups: set[int], mark: str, ps_output: str | None = None) -> set[int]:
     """Of ``groups``, those that still hold a process carrying the job's mark, from ``ps -E``
     (the environment after the command; macOS and BSDs, where there is no /proc): a group number
-    reused by something else since is left alone."""
+    reused by something else since is left alone. (The portable sweep, PortableJob, asks the same
+    of a group and more: see PortableJob.members().)"""
     if ps_output is None:
         try:
             ps_output = subprocess.run(
@@ -619,24 +634,214 @@ def marked_groups(groups: set[int], mark: str, ps_output: str | None = None) -> 
     return found
 
 
+# --- the job's processes through ps alone (macOS; Linux with MESHKIT_AGENT_PORTABLE=1) -------------
+
+PORTABLE_ENV = "MESHKIT_AGENT_PORTABLE"
+TRACK_EVERY = 0.5  # seconds between the portable agent's looks at its job's processes
+PARENT_POLL = 0.5  # seconds between the portable watchdog's looks at its own parent (the connection)
+
+
+def _platform_mode() -> str:
+    """How this host finds and stops a job's processes: "linux" (PR_SET_PDEATHSIG, child subreapers,
+    /proc) on Linux; "portable" (ps only: PortableJob) elsewhere, and on Linux too when the agent's
+    environment has MESHKIT_AGENT_PORTABLE=1: the code path macOS takes, run where it can be tested."""
+    if sys.platform.startswith("linux") and os.environ.get(PORTABLE_ENV, "") in ("", "0"):
+        return "linux"
+    return "portable"
+
+
+class Proc(NamedTuple):
+    """One line of ps."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    stat: str  # starts with "Z" for a zombie
+    start: str  # when it started, to the second, as lstart writes it ("" when not shown): with pid, who it is
+    command: str  # its command line, and its environment after it when ps was asked for that
+
+
+# One keyword per -o: BSD ps lets only the last keyword of a list rename its header.
+PS_COLUMNS = (("pid", "PID"), ("ppid", "PPID"), ("pgid", "PGID"), ("stat", "STAT"), ("lstart", "LSTART"),
+              ("command", "COMMAND"))  # fmt: skip
+WEEKDAYS = frozenset(("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"))
+
+
+def ps_argv(environment: bool = False) -> list[str]:
+    """ps listing every process with PS_COLUMNS, and (``environment``) the environment each started
+    with after its command: procps's BSD-style ``e``; macOS's ``-E`` (its ``-e`` means -A)."""
+    program = "/bin/ps" if os.access("/bin/ps", os.X_OK) else shutil.which("ps") or "ps"
+    argv = [program, "-A", "-ww"]
+    for keyword, header in PS_COLUMNS:
+        argv += ["-o", f"{keyword}={header}"]
+    if environment:
+        argv.append("-E" if sys.platform == "darwin" else "e")
+    return argv
+
+
+def parse_ps(text: str) -> dict[int, Proc]:
+    """pid -> Proc from ps output with its header line: ps_argv()'s columns, or any others that hold
+    PID, PPID and PGID with the command last (macOS's ``ps -j``: USER PID PPID PGID SESS JOBC STAT TT
+    TIME COMMAND). A start time in lstart's form ("%c" in the C locale: "Tue Nov 24 18:44:06 2026")
+    takes five words and is the process's start; any other (``-``, a short STARTED) is one word and
+    no start. Lines that do not fit the header are left out."""
+    lines = text.splitlines()
+    header = lines[0].split() if lines else []
+    if not {"PID", "PPID", "PGID"} <= set(header[:-1]) or header[-1] not in ("COMMAND", "CMD", "ARGS"):
+        return {}
+    out: dict[int, Proc] = {}
+    for line in lines[1:]:
+        words = list(re.finditer(r"\S+", line))
+        values: dict[str, str] = {}
+        at = 0
+        for name in header[:-1]:
+            wide = name in ("LSTART", "STARTED") and at < len(words) and words[at].group() in WEEKDAYS
+            width = 5 if wide else 1
+            if at + width > len(words):
+                break
+            values[name] = " ".join(word.group() for word in words[at : at + width])
+            at += width
+        else:
+            try:
+                pid, ppid, pgid = int(values["PID"]), int(values["PPID"]), int(values["PGID"])
+            except ValueError:
+                continue
+            start = values.get("LSTART", values.get("STARTED", ""))
+            command = line[words[at].start() :] if at < len(words) else ""
+            out[pid] = Proc(pid, ppid, pgid, values.get("STAT", ""), start if len(start.split()) == 5 else "", command)
+    return out
+
+
+def ps_table(environment: bool = False) -> dict[int, Proc] | None:
+    """Every process now (ps itself left out), or None when ps cannot be run or says nothing."""
+    env = dict(os.environ, LC_ALL="C", LANG="C")  # lstart's form; the agent and the watchdog share TZ
+    try:
+        proc = subprocess.Popen(
+            ps_argv(environment), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=env,
+        )  # fmt: skip
+    except OSError:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+    table = parse_ps(out.decode("utf-8", "replace"))
+    table.pop(proc.pid, None)
+    return table or None
+
+
+class PortableJob:
+    """The processes of one job, found and stopped through ps alone (no /proc, no prctl).
+
+    A process is the job's when, in one table of ps: it descends (by parent pid) from ``root``; it
+    was seen as the job's before and has the same start time still (an orphan re-parented to
+    init/launchd keeps its pid and start time; a pid used again has another start time); its
+    environment carries MESHKIT_JOB_MARK=``mark`` (where ps shows it); it descends from one of
+    those; or it is in one of ``groups`` (the ranks' process groups) that holds one of those. With
+    ``trust_groups`` (the agent, which looks at its ranks' groups every TAIL_POLL from the moment it
+    reaps each rank, so a number it still calls a rank's cannot have been taken since) every member
+    of ``groups`` is. ``spare`` (root, its parent, the agent) and pids 0 and 1 never are."""
+
+    def __init__(self, root: int, mark: str, spare: set[int] | None = None) -> None:
+        self.root = root
+        self.mark = mark
+        self.spare = {0, 1, root, *(spare or set())}
+        self.known: dict[int, str] = {}  # pid -> start time of every process seen as the job's
+
+    def members(
+        self, table: dict[int, Proc], groups: set[int], trust_groups: bool = False
+    ) -> tuple[set[int], set[int]]:
+        """(the job's live processes, the groups of ``groups`` that hold one) in ``table``."""
+        children: dict[int, list[int]] = {}
+        in_group: dict[int, list[int]] = {}
+        for proc in table.values():
+            children.setdefault(proc.ppid, []).append(proc.pid)
+            in_group.setdefault(proc.pgid, []).append(proc.pid)
+        needle = f"MESHKIT_JOB_MARK={self.mark}" if self.mark else None
+        todo = list(children.get(self.root, []))
+        for proc in table.values():
+            if (proc.start and self.known.get(proc.pid) == proc.start) or (needle and needle in proc.command.split()):
+                todo.append(proc.pid)
+        if trust_groups:
+            for group in groups:
+                todo += in_group.get(group, [])
+        found: set[int] = set()
+        entered: set[int] = set()
+        while todo:
+            pid = todo.pop()
+            if pid in found or pid in self.spare or pid not in table:
+                continue
+            found.add(pid)
+            todo += children.get(pid, [])
+            group = table[pid].pgid
+            if group in groups and group not in entered:
+                entered.add(group)
+                todo += in_group.get(group, [])
+        pids = {pid for pid in found if not table[pid].stat.startswith("Z")}
+        return pids, {table[pid].pgid for pid in pids} & groups
+
+    def track(self, groups: set[int], trust_groups: bool = False) -> tuple[dict[int, str], list[int]] | None:
+        """Look at the job now: remember each of its processes by pid and start time, forget what is
+        gone. (new {pid: start}, pids forgotten); None when ps cannot be run."""
+        table = ps_table()
+        if table is None:
+            return None
+        pids, _groups = self.members(table, groups, trust_groups)
+        new = {}
+        for pid in pids:
+            start = table[pid].start
+            if start and self.known.get(pid) != start:
+                self.known[pid] = new[pid] = start
+        gone = [pid for pid, start in self.known.items() if pid not in table or table[pid].start != start]
+        for pid in gone:
+            del self.known[pid]
+        return new, gone
+
+    def sweep(self, groups: set[int], trust_groups: bool = False, within: float = 5.0) -> list[int] | None:
+        """SIGKILL the job's processes and the groups of ``groups`` that hold one, until none is left
+        (or ``within`` seconds). The pids killed; None when ps cannot be run (then, with
+        ``trust_groups``, the groups alone are killed)."""
+        killed: set[int] = set()
+        deadline = time.monotonic() + within
+        while True:
+            table = ps_table(environment=True)
+            if table is None:
+                if trust_groups:
+                    for group in groups:
+                        with contextlib.suppress(OSError):
+                            os.killpg(group, signal.SIGKILL)
+                return None
+            pids, live = self.members(table, groups, trust_groups)
+            for group in live:
+                with contextlib.suppress(OSError):
+                    os.killpg(group, signal.SIGKILL)
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            killed |= pids
+            if not pids or time.monotonic() > deadline:
+                return sorted(killed)
+            time.sleep(0.02)
+
+
 def sweep_job(root: int, mark: str, groups: set[int], within: float = 5.0) -> list[int]:
     """SIGKILL every process of the job until none is left (or ``within`` seconds): on Linux every
-    process of job_processes(), and the ranks' process groups that still hold one of them; elsewhere
-    the ranks' process groups that still hold a process carrying the job's mark. A group number
-    alone is never enough: once a group is empty, its number may be another's. The pids killed."""
+    process of job_processes(), and the ranks' process groups that still hold one of them; in the
+    portable mode what PortableJob finds. A group number alone is never enough: once a group is
+    empty, its number may be another's. The pids killed."""
+    if _platform_mode() == "portable":
+        return PortableJob(root, mark).sweep(set(groups), within=within) or []
     killed: set[int] = set()
     deadline = time.monotonic() + within
-    linux = sys.platform.startswith("linux")
-    groups = set(groups) if linux else marked_groups(groups, mark)
+    groups = set(groups)
     while True:
-        pids: set[int] = set()
-        if linux:
-            table = _proc_table()
-            pids = job_processes(root, mark, table)
-            pids.discard(root)
-            live = {table[pid][2] for pid in pids if pid in table} & groups
-        else:
-            live = set(groups)
+        table = _proc_table()
+        pids = job_processes(root, mark, table)
+        pids.discard(root)
+        live = {table[pid][2] for pid in pids if pid in table} & groups
         for group in live:
             try:
                 os.killpg(group, signal.SIGKILL)
@@ -670,20 +875,34 @@ def _log(fd: int | None, text: str) -> None:
             os.write(fd, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n".encode(errors="replace"))
 
 
-def watchdog(agent: int, read_fd: int, mark: str, log_fd: int | None) -> int:
+def watchdog(agent: int, read_fd: int, mark: str, log_fd: int | None, portable: bool | None = None) -> int:
     """The original process of the agent, once the agent runs as its child: waits for the agent to
     end (end of file on the pipe the agent holds), then, unless the agent ended in order, kills
-    whatever of the job is left (sweep_job()). On that pipe the agent writes "+PID" when a rank's
-    process group starts, "-PID" once it has seen that group empty, and "=" last, when it ends in
-    order: every rank reported, what they left swept, every group confirmed empty. An agent that
-    exits 0 after "=" leaves nothing to do: the watchdog signals nothing. Signals that would stop
-    the agent are passed on to it."""
+    whatever of the job is left (sweep_job(); PortableJob.sweep() in the portable mode). On that
+    pipe the agent writes "+PID" when a rank's process group starts, "-PID" once it has seen that
+    group empty, and "=" last, when it ends in order: every rank reported, what they left swept,
+    every group confirmed empty. An agent that exits 0 after "=" leaves nothing to do: the watchdog
+    signals nothing. Signals that would stop the agent are passed on to it. In the portable mode
+    the agent also writes "~PID START" for each process of the job it has seen and "!PID" for each
+    gone, and the watchdog stops the agent (SIGTERM: it stops the job) when its own parent, the
+    process the connection started it from, is gone."""
+    if portable is None:
+        portable = _platform_mode() == "portable"
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda s, _f: _forward(agent, s))
+    parent = os.getppid()
+    job = PortableJob(os.getpid(), mark, {agent, parent}) if portable else None
     groups: set[int] = set()
     in_order = False
+    parent_gone = False
     pending = b""
     while True:
+        if job is not None and not select.select([read_fd], [], [], PARENT_POLL)[0]:
+            if not parent_gone and os.getppid() != parent:
+                parent_gone = True
+                _log(log_fd, f"the connection's process (pid {parent}) is gone: stopping the job")
+                _forward(agent, signal.SIGTERM)
+            continue
         try:
             chunk = os.read(read_fd, 4096)
         except OSError:
@@ -693,14 +912,20 @@ def watchdog(agent: int, read_fd: int, mark: str, log_fd: int | None) -> int:
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
+            kind, rest = line[:1], line[1:]
             if line == b"=":
                 in_order = True
-            elif line[1:].isdigit():
-                if line.startswith(b"+"):
-                    groups.add(int(line[1:]))
-                    in_order = False
-                else:
-                    groups.discard(int(line[1:]))
+            elif kind == b"~" and job is not None:
+                pid, _sep, start = rest.partition(b" ")
+                if pid.isdigit():
+                    job.known[int(pid)] = start.decode(errors="replace")
+            elif kind == b"!" and job is not None and rest.isdigit():
+                job.known.pop(int(rest), None)
+            elif kind == b"+" and rest.isdigit():
+                groups.add(int(rest))
+                in_order = False
+            elif kind == b"-" and rest.isdigit():
+                groups.discard(int(rest))
     while True:
         try:
             _pid, status = os.waitpid(agent, 0)
@@ -720,7 +945,13 @@ def watchdog(agent: int, read_fd: int, mark: str, log_fd: int | None) -> int:
         code = os.WEXITSTATUS(status)
     if in_order and code == 0:
         return 0
-    killed = sweep_job(os.getpid(), mark, groups)
+    if job is None:
+        killed = sweep_job(os.getpid(), mark, groups)
+    else:
+        swept = job.sweep(groups)
+        if swept is None:
+            _log(log_fd, "ps cannot be run: the job's processes cannot be found (the portable mode needs ps)")
+        killed = swept or []
     text = f"meshkit agent (pid {agent}) {how}; its watchdog killed {len(killed)} processes of the job: {killed}\n"
     _log(log_fd, text.rstrip("\n"))
     if killed or os.WIFSIGNALED(status):
@@ -784,6 +1015,11 @@ class Agent:
         self.log_fd: int | None = None  # its agent.log (O_APPEND), shared with the watchdog
         self.job: dict | None = None
         self.stdin_paused = False  # the controller was asked to pause the ranks' input
+        self.ps_failed = False
+        self.portable = False  # ps only: no prctl, no /proc (see _platform_mode()); set once the job is read
+        self.job_procs: PortableJob | None = None  # the portable mode's view of the job's processes
+        self.tracked_at = 0.0  # when the portable mode last looked at the job's processes
+        self.tracking = False
 
     # --- talking to the controller ------------------------------------------------------------
 
@@ -873,7 +1109,10 @@ class Agent:
             write_job_file(dir_fd, name, text)
         self.grace = float(job.get("grace", 3.0))
         interactive = bool(job.get("stdin"))
-        self.note(f"job {job.get('job')}: starting {len(job['ranks'])} ranks as {_user()}")
+        how = "ps only (no /proc, no subreaper, no PR_SET_PDEATHSIG)" if self.portable else "/proc, subreapers"
+        self.note(
+            f"job {job.get('job')}: starting {len(job['ranks'])} ranks as {_user()}; processes found through {how}"
+        )
         for spec in job["ranks"]:
             rank = Rank(spec, dir_fd)
             self.ranks.append(rank)
@@ -891,7 +1130,7 @@ class Agent:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_agent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+                    preexec_fn=None if self.portable else _die_with_agent,  # noqa: PLW1509
                 )
             except (OSError, ValueError, TypeError) as exc:
                 # OSError: no such program or working directory (filename says which); ValueError /
@@ -911,6 +1150,7 @@ class Agent:
             os.set_blocking(rank.proc.stdout.fileno(), False)
             self.read_from(rank, True)
             self.send(t="started", r=rank.rank, pid=rank.proc.pid)
+        self.track()  # the ranks (and what they started already) known by their start times at once
 
     def read_from(self, rank: Rank, on: bool) -> None:
         """Read a rank's output (or not, while the controller does not take it)."""
@@ -1018,9 +1258,13 @@ class Agent:
         rank.log.flush()
         self.send(t="out", r=rank.rank, d=chunk.decode("utf-8", "surrogateescape"))
 
-    def stop(self) -> None:
+    def stop(self, from_signal: bool = False) -> None:
         if self.stopping_since is not None:
             return
+        if from_signal:
+            self.tracked_at = 0.0  # the main loop looks at once
+        else:
+            self.track()  # everything there now is known before the ranks' groups are signalled
         self.stopping_since = time.monotonic()
         for rank in self.ranks:
             if rank.proc and rank.proc.returncode is None and rank.proc.poll() is None:
@@ -1062,8 +1306,10 @@ class Agent:
                 continue
             if rank.exited_at is None:
                 # Reaped just now: its group number is free from here on. Look at the group at
-                # once, before anything else can take that number.
+                # once, before anything else can take that number. Its pid too: forgotten at once
+                # (a pid taken again within the same second would otherwise look the same).
                 self.group_check(rank)
+                self.forget(rank.proc.pid)
             # A rank that exited may leave output in its pipe (or a child holding it open):
             # report the exit once the pipe is drained, or after 0.5 s of reading it (time while
             # the controller holds its output up does not count).
@@ -1124,8 +1370,44 @@ class Agent:
                 if rank.proc and rank.proc.poll() is None:
                     self._signal_group(rank, signal.SIGKILL)
 
+    def live_groups(self) -> set[int]:
+        """The ranks' process groups not yet seen empty (each looked at now)."""
+        return {rank.proc.pid for rank in self.ranks if rank.proc is not None and not self.group_check(rank)}
+
+    def track(self) -> None:
+        """The portable mode: look at the job's processes, remember each by pid and start time and
+        tell the watchdog ("~PID START", "!PID" for each gone), so that an orphan of the job
+        re-parented to init/launchd is still known as the job's (PortableJob)."""
+        if self.job_procs is None or self.tracking:
+            return
+        self.tracking = True  # a signal handler's stop() must not look while a look is under way
+        try:
+            self.tracked_at = time.monotonic()
+            seen = self.job_procs.track(self.live_groups(), trust_groups=True)
+            if seen is None:
+                if not self.ps_failed:
+                    self.ps_failed = True
+                    self.note("ps cannot be run: only the ranks' process groups can be stopped")
+                return
+            new, gone = seen
+            for pid, start in new.items():
+                self.tell_watchdog(f"~{pid} {start}\n")
+            for pid in gone:
+                self.tell_watchdog(f"!{pid}\n")
+        finally:
+            self.tracking = False
+
+    def forget(self, pid: int) -> None:
+        """The portable mode: ``pid`` is known to be gone (a rank reaped): never the job's again."""
+        if self.job_procs is not None and self.job_procs.known.pop(pid, None) is not None:
+            self.tell_watchdog(f"!{pid}\n")
+
     def sweep(self) -> list[int]:
-        """Kill whatever the ranks left running (re-parented to this subreaper); their pids."""
+        """Kill whatever the ranks left running (re-parented to this subreaper; in the portable mode
+        what PortableJob finds); their pids."""
+        if self.job_procs is not None:
+            _reap()
+            return self.job_procs.sweep(self.live_groups(), trust_groups=True, within=2.0) or []
         left: set[int] = set()
         for _attempt in range(50):
             _reap()
@@ -1162,8 +1444,9 @@ class Agent:
         os.dup2(devnull, self.in_fd)
         os.dup2(devnull, self.out_fd)
         os.close(devnull)
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        code = watchdog(pid, read_fd, self.mark, self.log_fd)
+        if not self.portable:
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        code = watchdog(pid, read_fd, self.mark, self.log_fd, portable=self.portable)
         os._exit(code)
 
     def run(self) -> int:
@@ -1177,12 +1460,17 @@ class Agent:
                 self.send(t="error", msg=f"cannot check the host: {exc!r}")
             return 0
         self.job = job
+        self.portable = _platform_mode() == "portable" or job.get("portable") is True
         # Before the watchdog exists, so that it writes to the same agent.log descriptor; on a
         # failure start() tries again and reports it.
         with contextlib.suppress(OSError, KeyError, TypeError, ValueError, JobDirError):
             self.open_job_directory(job)
         self.fork_watchdog()
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        if self.portable:
+            # Its parent is the watchdog (or, without one, the connection's process): never the job's.
+            self.job_procs = PortableJob(os.getpid(), self.mark, {os.getppid()})
+        else:
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
         self.host_timeout = float(job["host_timeout"]) if job.get("host_timeout") else None
         self.heartbeat = float(job.get("heartbeat") or 5.0)
         self.heard_at = self.beat_at = time.monotonic()
@@ -1213,6 +1501,8 @@ class Agent:
             self.pace()
             self.reap()
             self.escalate()
+            if self.job_procs is not None and time.monotonic() - self.tracked_at >= TRACK_EVERY:
+                self.track()
         left = self.sweep()
         in_order = self.confirm_groups()
         self.send(t="bye", left=left)
@@ -1242,7 +1532,7 @@ def main() -> int:
     agent = Agent()
 
     def _stop(_sig: int, _frame: object) -> None:
-        agent.stop()
+        agent.stop(from_signal=True)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, _stop)
