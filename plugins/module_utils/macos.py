@@ -161,7 +161,7 @@ def ifconfig_block(text: str, iface: str) -> str:
     block: list[str] = []
     inside = False
     for line in text.splitlines(keepends=True):
-        if line[:1] not in ("", " ", "\t"):
+        if line[:1] not in ("", " ", "\t") and not line.startswith("..."):  # "...": a published copy's elision
             inside = line.startswith(f"{iface}: ")
         if inside:
             block.append(line)
@@ -583,6 +583,8 @@ ERRNO_NAMES = {
     "Darwin": {51: "ENETUNREACH", 60: "ETIMEDOUT", 61: "ECONNREFUSED", 64: "EHOSTDOWN", 65: "EHOSTUNREACH"},
     "Linux": {101: "ENETUNREACH", 110: "ETIMEDOUT", 111: "ECONNREFUSED", 112: "EHOSTDOWN", 113: "EHOSTUNREACH"},
 }
+# Bundles a command-line runtime lives in (Homebrew's and python.org's Python): not the app that started it.
+RUNTIME_BUNDLES = {"Python.app"}
 MULTIPLEXERS = {"tmux": "tmux", "screen": "screen", "zellij": "zellij", "byobu": "byobu"}
 
 
@@ -616,9 +618,8 @@ def launch_context(env: dict[str, str], parents: list[str]) -> dict[str, Any]:
     multiplexer = next((MULTIPLEXERS[n] for n in names if n in MULTIPLEXERS), None)
     if not multiplexer:
         multiplexer = "tmux" if env.get("TMUX") else "screen" if env.get("STY") else None
-    app = next((c for c in parents if ".app/" in c), None)
-    if app:
-        app = app.split(".app/")[0].rsplit("/", 1)[-1] + ".app"
+    bundles = [c.split(".app/")[0].rsplit("/", 1)[-1] + ".app" for c in parents if ".app/" in c]
+    app = next((b for b in bundles if b not in RUNTIME_BUNDLES), None)
     terminal = env.get("TERM_PROGRAM")
     ssh = bool(env.get("SSH_CONNECTION")) or any(n in ("sshd", "sshd-session") for n in names)
     if multiplexer:
@@ -668,9 +669,9 @@ def classify_probe(
     peer is down; only a note), ``error`` (anything else)."""
     peer = link.get("peer_address")
     port = link.get("port")
-    who = link.get("peer_host") or peer
+    peer_name = f"{link['peer_host']} at {peer}" if link.get("peer_host") else str(peer)
     here = f"{host}: " if host else ""
-    what = f"{interpreter or 'this host'} could not reach {who} at {peer} (cable {port})"
+    what = f"{interpreter or 'this host'} could not reach {peer_name} (cable {port})"
     name = result.get("name") or ERRNO_NAMES.get(system, {}).get(result.get("errno") or -1)
     direct = on_link(link, route)
     out: dict[str, Any] = {"kind": "error", "problem": None, "note": None, "errno": name}
@@ -680,8 +681,8 @@ def classify_probe(
     if route and route.get("interface") and port and route["interface"] != port:
         out["kind"] = "wrong_route"
         out["problem"] = (
-            f"{here}the route to {who}'s cable address {peer} leaves through {route['interface']}, not the cable "
-            f"port {port}: run setup.yml again (it puts back the cable's address and host route)"
+            f"{here}the route to {peer_name} leaves through {route['interface']}, not the cable port {port}: "
+            "run setup.yml again (it puts back the cable's address and host route)"
         )
         return out
     if result.get("result") == "timeout":
@@ -697,30 +698,28 @@ def classify_probe(
             f"{result.get('port')}, the peer down, or the cable).{hint}"
         )
         return out
-    number = result.get("errno")
-    text = f"{name or 'errno'} (errno {number}, '{result.get('strerror') or ''}')"
+    text = f"{name or 'error'} (errno {result.get('errno')}, '{result.get('strerror') or ''}')"
     if name == "EHOSTUNREACH" and system == "Darwin" and direct and euid != 0:
         ctx = context or {}
-        started = ctx.get("via") or "from this session"
-        instead = " Started over plain SSH or from Apple's Terminal" if ctx.get("multiplexer") or ctx.get("app") else ""
-        allow = ctx.get("app") or (ctx.get("term_program") if ctx.get("term_program") not in (None, "tmux") else None)
-        allow_text = f" ({allow})" if allow else ""
+        app = ctx.get("app") or (ctx.get("term_program") if ctx.get("term_program") != "Apple_Terminal" else None)
+        allow = f": {app}" if app and not ctx.get("multiplexer") else ""
         out["kind"] = "local_network_privacy"
         out["problem"] = (
             f"{here}{what}: connect() failed after {result.get('elapsed')} s with {text}, although {peer} is on "
             f"the cable's own network. This is macOS's Local Network Privacy refusing the program, not the "
-            f"network (ping and ssh may still work): the ranks would be started {started}. Fix: System Settings "
-            f"> Privacy & Security > Local Network, allow the app the launch runs from{allow_text} and start it "
-            f"again;{instead or ' or'} start the launch from a plain ssh session or Apple's Terminal, not inside "
-            f"tmux/screen or an app's terminal, or run it from a launchd daemon. See {RUNBOOK_LNP}"
+            f"network (ping and ssh may still work); the ranks would be started {ctx.get('via') or 'as this was'}. "
+            f"Fix: allow the app the launch runs from{allow} in System Settings > Privacy & Security > Local "
+            f"Network and start the launch again (a tmux or screen server may not be listed there); or start it "
+            f"from a plain ssh session or Apple's Terminal, not inside tmux/screen or another app's terminal; or "
+            f"run it from a launchd daemon. See {RUNBOOK_LNP}"
         )
         return out
     if name in ("EHOSTUNREACH", "EHOSTDOWN", "ENETUNREACH", "EADDRNOTAVAIL"):
         out["kind"] = "unreachable"
+        root = " (running as root rules out Local Network Privacy)" if system == "Darwin" and euid == 0 else ""
         out["problem"] = (
             f"{here}{what}: {text}. The peer does not answer on the cable (cable unplugged, the peer down, or its "
-            f"address gone): check the cable and run setup.yml again"
-            + (" (running as root rules out Local Network Privacy)" if system == "Darwin" and euid == 0 else "")
+            f"address gone){root}: check the cable and run setup.yml again"
         )
         return out
     out["problem"] = f"{here}{what}: {text}"

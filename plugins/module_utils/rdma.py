@@ -95,7 +95,7 @@ class RdmaPort:
             kind = "RoCE v2 " if self.roce else ""
             why = f"{self.device} port {self.port} has no {kind}IPv4 GID yet (its interface needs an IPv4 address)"
             if self.thunderbolt and self.link_local_only():
-                shown = ", ".join(f"GID[{g.index}] {g.gid}" for g in self.gids)
+                shown = ", ".join(f"GID[{g.index}] {ipaddress.IPv6Address(g.gid).compressed}" for g in self.gids)
                 why += (
                     f": only link-local GIDs ({shown}). JACCL needs an IPv4-mapped GID (::ffff:a.b.c.d) on every "
                     f"port it uses and fails without one with '{JACCL_ERRNO_22}'; it appears once "
@@ -336,11 +336,12 @@ def slow_link(name: str, link: dict[str, Any] | None, device: str | None = None)
 
 
 def bridged(name: str, bridge: str, device: str | None) -> str:
-    what = f"{device} publishes no IPv4-mapped GID for it" if device else "it has no address of its own"
+    """A cabled port that is a member of a bridge (the Thunderbolt Bridge active again)."""
+    gid = f"{device} gets no IPv4-mapped GID" if device else "the port has no address of its own"
     return (
-        f"{name} is a member of {bridge} (the Thunderbolt Bridge is active): its IPv4 address sits on {bridge}, "
-        f"so {what} and JACCL fails with '{JACCL_ERRNO_22}'. Run setup.yml (its thunderbolt_bridge step takes "
-        f"the ports out of {bridge})"
+        f"{name} is a member of {bridge} (the Thunderbolt Bridge is active): the IPv4 address sits on {bridge}, "
+        f"{gid}, and JACCL fails with '{JACCL_ERRNO_22}'. Run setup.yml (its thunderbolt_bridge step takes the "
+        f"ports out of {bridge} and keeps them out)"
     )
 
 
@@ -407,9 +408,11 @@ def host_facts(
         if bridge:
             why.append(bridged(name, bridge, rport.device if rport else None))
             runbooks.append(RUNBOOK_BRIDGE)
+        platform_runbook = RUNBOOK_MACOS if system == "Darwin" else RUNBOOK_ROCE
         if rport is None:
             if not why:
                 why.append(message or f"no RDMA device on {name}")
+                runbooks.append(runbook or platform_runbook)
             entry: dict[str, Any] = {"netdev": name, "device": None}
         else:
             entry = rport.as_dict()
@@ -417,8 +420,7 @@ def host_facts(
             gid_only = problem is not None and rport.active and rport.ipv4_gid() is None
             if problem and not slow and not (bridge and gid_only):
                 why.append(problem)
-                if gid_only and rport.thunderbolt:
-                    runbooks.append(RUNBOOK_GID)
+                runbooks.append(RUNBOOK_GID if gid_only and rport.thunderbolt else platform_runbook)
             note = rport.gid_note()
             if note:
                 notes.append(note)
@@ -435,8 +437,6 @@ def host_facts(
     if status == "enabled" and not message:
         usable = sum(1 for p in port_facts.values() if p["usable"])
         message = f"{len(ports)} RDMA port(s); {usable} of {len(fabric)} cabled port(s) usable"
-    if status == "enabled" and problems and not runbooks:
-        runbooks.append(RUNBOOK_MACOS if system == "Darwin" else RUNBOOK_ROCE)
     runbooks = list(dict.fromkeys(runbooks))
     return {
         "system": system,

@@ -115,6 +115,7 @@ ansible_facts:
   type: dict
 """
 
+import os
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
@@ -123,7 +124,10 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.common import runn
 
 
 def tool(module: AnsibleModule, name: str) -> str | None:
-    return name if "/" in name else module.get_bin_path(name)
+    """A command's path: ``name`` itself when it holds a slash (None when that is no executable), else PATH's."""
+    if "/" in name:
+        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
+    return module.get_bin_path(name)
 
 
 def darwin_facts(module: AnsibleModule, run) -> dict:
