@@ -272,6 +272,11 @@ def test_module_require_fails_naming_the_port_and_runbook(module, tmp_path):
     )
 
 
+# The commands the macOS path also reads (link speeds, bridge members), absent here: tests/unit/test_macos_facts.py.
+NOT_HERE = {"system_profiler": "/nonexistent/system_profiler", "networksetup": "/nonexistent/networksetup",
+            "ifconfig": "/nonexistent/ifconfig"}  # fmt: skip
+
+
 def script(path: Path, text: str) -> str:
     path.write_text("#!/bin/sh\ncat <<'EOF'\n" + text + "EOF\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
@@ -291,11 +296,16 @@ def test_module_macos_path_with_recorded_outputs(module, tmp_path):
         rdma_ctl=script(tmp_path / "rdma_ctl", rec["rdma_ctl status"]),
         ibv_devices=script(tmp_path / "ibv_devices", rec["ibv_devices"]),
         ibv_devinfo=script(tmp_path / "ibv_devinfo", tn["ibv_devinfo -d rdma_en2 -v"]),
+        **NOT_HERE,
     )
     assert ok, out
     facts = out["rdma"]
     assert facts["status"] == "enabled" and facts["usable"] is True
     assert facts["ports"]["en2"]["gid_ipv4"] == "169.254.205.255"
+    assert facts["notes"] == [
+        "system_profiler or networksetup not found: link speeds not read",
+        "ifconfig not found: bridge members not checked",
+    ]
 
 
 def test_module_macos_tb4_require_fails_with_the_tb_runbook(module, tmp_path):
@@ -311,6 +321,7 @@ def test_module_macos_tb4_require_fails_with_the_tb_runbook(module, tmp_path):
         rdma_ctl=script(tmp_path / "rdma_ctl", rec["rdma_ctl status"]),
         ibv_devices=script(tmp_path / "ibv_devices", rec["ibv_devices"]),
         ibv_devinfo=script(tmp_path / "ibv_devinfo", ""),
+        **NOT_HERE,
     )
     assert not ok
     assert "Thunderbolt 5" in out["msg"] and out["msg"].endswith("Fix: see docs/runbooks/tb4-vs-tb5.md")
