@@ -1258,13 +1258,12 @@ class Agent:
         rank.log.flush()
         self.send(t="out", r=rank.rank, d=chunk.decode("utf-8", "surrogateescape"))
 
-    def stop(self, from_signal: bool = False) -> None:
+    def stop(self) -> None:
         if self.stopping_since is not None:
             return
-        if from_signal:
-            self.tracked_at = 0.0  # the main loop looks at once
-        else:
-            self.track()  # everything there now is known before the ranks' groups are signalled
+        # The portable mode: everything of the job there now is known before the ranks' groups are
+        # signalled (a rank's child in a session of its own is an orphan once the rank is gone).
+        self.track()
         self.stopping_since = time.monotonic()
         for rank in self.ranks:
             if rank.proc and rank.proc.returncode is None and rank.proc.poll() is None:
@@ -1532,7 +1531,7 @@ def main() -> int:
     agent = Agent()
 
     def _stop(_sig: int, _frame: object) -> None:
-        agent.stop(from_signal=True)
+        agent.stop()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, _stop)
