@@ -480,3 +480,36 @@ def test_launch_preflight_checks_the_cables_from_the_ranks_python(module, tmp_pa
     ]
     ok, plain = module(launch_preflight, {"argv": [sys.executable, str(program)]}, check=True)
     assert ok and plain["peers"] == [] and plain["problems"] == [] and plain["probed_with"] is None
+
+
+def test_the_planner_does_not_choose_jaccl_over_a_tb4_cable():
+    """Two Macs, one cable: the M4 Max's en3 (recorded at 40 Gb/s) to the other Mac's en2. Both ends have an
+    ACTIVE device (TN3205's rdma_en2, as above); the planner reads `device` and `state` of the RDMA facts, and
+    with the 40 Gb/s end it falls back to the ring backend, naming the end and the speed."""
+    from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
+        Observation,
+        TopologyError,
+        build_plan,
+    )
+
+    tn = transcript(REC / "macos_ibv_devinfo_v_rdma_en2_gid_table_tn3205_ABRIDGED.txt", ["ibv_devinfo -d rdma_en2 -v"])
+    (en2,) = rdma.parse_ibv_devinfo(tn["ibv_devinfo -d rdma_en2 -v"])
+    en3 = dataclasses.replace(en2, device="rdma_en3", netdev="en3")
+    links = links_of(
+        "system_profiler_macbookpro_m4max_TRIMMED_tb5_and_tb4_links.json",
+        "networksetup_listallhardwareports_macbookpro_m4max_TRIMMED.txt",
+    )
+    mbp = rdma.host_facts("Darwin", [en3], ["en3"], True, ["rdma_en3"], links=links)
+    studio = rdma.host_facts("Darwin", [en2], ["en2"], True, ["rdma_en2"])
+    observations = [
+        Observation("mbp", "en3", "UUID-MBP-3", ["UUID-STUDIO-2"], "40 Gb/s", "rdma_en3"),
+        Observation("studio", "en2", "UUID-STUDIO-2", ["UUID-MBP-3"], "80 Gb/s", "rdma_en2"),
+    ]
+    rdma_ports = {"mbp": mbp["ports"], "studio": studio["ports"]}
+    plan = build_plan(["mbp", "studio"], observations, rdma=rdma_ports).as_dict()
+    assert (plan["backend"], plan["backend_reason"]) == ("ring", "ring through 2 hosts (no RDMA)")
+    with pytest.raises(TopologyError, match=r"no RDMA on: mbp:en3 \(en3 \(Thunderbolt 3\) is linked at 40 Gb/s"):
+        build_plan(["mbp", "studio"], observations, backend="jaccl", rdma=rdma_ports)
+    # the same cable with the device counted (what the facts said before): jaccl
+    listed = {"mbp": {"en3": {**mbp["ports"]["en3"], "device": "rdma_en3"}}, "studio": studio["ports"]}
+    assert build_plan(["mbp", "studio"], observations, rdma=listed).as_dict()["backend"] == "jaccl"
