@@ -12,8 +12,11 @@ extern "C" {
 #endif
 
 /* 2: connect protocol 2 (the token is proven both ways, never sent); job_id, allow_no_token and
- * handshake_timeout_s appended to meshccl_config (fill it with meshccl_config_init). */
-#define MESHCCL_ABI_VERSION 2
+ * handshake_timeout_s appended to meshccl_config (fill it with meshccl_config_init).
+ * 3: functions added (meshccl_abi_version, meshccl_build_info, meshccl_comm_transport,
+ * meshccl_comm_single_copy); meshccl_config and every earlier function unchanged, so a program
+ * built for 2 runs unchanged on 3. */
+#define MESHCCL_ABI_VERSION 3
 
 #if defined(__GNUC__)
 #define MESHCCL_API __attribute__((visibility("default")))
@@ -89,6 +92,14 @@ typedef struct {
 
 typedef struct meshccl_comm meshccl_comm;
 
+/* The library's MESHCCL_ABI_VERSION (compare with the header's when loading it at run time). */
+MESHCCL_API int meshccl_abi_version(void);
+/* What this build selected, one line of key=value pairs (static storage), e.g.
+ * "system=linux portable=0 single_copy=1 sockets=accept4 sigpipe=MSG_NOSIGNAL
+ * shm_reserve=posix_fallocate shm_name_max=30". portable=1: a Linux build on the code paths
+ * macOS takes (MESHCCL_PORTABLE). single_copy=0: ranks of one host copy through shared memory. */
+MESHCCL_API const char* meshccl_build_info(void);
+
 /* Fills every field with its default (rank 0 of 1, no peers). */
 MESHCCL_API void meshccl_config_init(meshccl_config* config);
 MESHCCL_API int meshccl_comm_create(const meshccl_config* config, meshccl_comm** comm, char* error, size_t error_len);
@@ -96,6 +107,12 @@ MESHCCL_API void meshccl_comm_destroy(meshccl_comm* comm);
 MESHCCL_API int meshccl_comm_rank(const meshccl_comm* comm);
 MESHCCL_API int meshccl_comm_size(const meshccl_comm* comm);
 MESHCCL_API const char* meshccl_comm_last_error(const meshccl_comm* comm);
+/* How this rank reaches `peer`: "shm" (shared memory), "tcp", "shm+tcp" (some connections fell
+ * back to TCP), "" (no link); peer -1: over every peer ("" for a rank alone). Static storage. */
+MESHCCL_API const char* meshccl_comm_transport(const meshccl_comm* comm, int peer);
+/* 1: every peer shares this host and this rank can read their memory, so large calls copy each
+ * byte once (when every rank can); 0: they copy through shared memory or TCP. */
+MESHCCL_API int meshccl_comm_single_copy(const meshccl_comm* comm);
 
 MESHCCL_API int meshccl_all_reduce(meshccl_comm* comm, const void* send, void* recv, size_t count, meshccl_dtype dtype,
                        meshccl_op op);

@@ -6,6 +6,7 @@
 
 #include "meshccl/collectives.h"
 #include "meshccl/meshccl.h"
+#include "meshccl/platform.h"
 
 struct meshccl_comm {
   std::unique_ptr<meshccl::Context> ctx;
@@ -121,10 +122,30 @@ int meshccl_comm_create(const meshccl_config* c, meshccl_comm** out, char* error
   }
 }
 
+int meshccl_abi_version(void) { return MESHCCL_ABI_VERSION; }
+
+const char* meshccl_build_info(void) {
+  static const std::string text = meshccl::platform::buildInfoText();
+  return text.c_str();
+}
+
 void meshccl_comm_destroy(meshccl_comm* comm) { delete comm; }
 int meshccl_comm_rank(const meshccl_comm* comm) { return comm->ctx->rank(); }
 int meshccl_comm_size(const meshccl_comm* comm) { return comm->ctx->size(); }
 const char* meshccl_comm_last_error(const meshccl_comm* comm) { return comm->lastError.c_str(); }
+
+const char* meshccl_comm_transport(const meshccl_comm* comm, int peer) {
+  if (comm == nullptr || !comm->ctx) return "";
+  const std::string t = peer == -1 ? comm->ctx->transportSummary() : comm->ctx->transport(peer);
+  for (const char* known : {"shm", "tcp", "shm+tcp"}) {
+    if (t == known) return known;
+  }
+  return "";
+}
+
+int meshccl_comm_single_copy(const meshccl_comm* comm) {
+  return comm != nullptr && comm->ctx && comm->ctx->canReadPeers() ? 1 : 0;
+}
 
 int meshccl_all_reduce(meshccl_comm* comm, const void* s, void* r, size_t n, meshccl_dtype d, meshccl_op o) {
   return guarded(comm, [&](meshccl::Context& ctx) { meshccl::allReduce(ctx, s, r, n, dt(d), rop(o)); });

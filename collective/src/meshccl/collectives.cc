@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "meshccl/algorithms.h"
+#include "meshccl/platform.h"
 
 namespace meshccl {
 
@@ -59,8 +60,10 @@ int ringChannels(const Context& ctx) {
 enum class Path { kSmall, kDirect, kRingSmall, kRing };
 
 // Large calls with every rank on this host read the peers' buffers directly (if every rank
-// can: the algorithm falls back otherwise). The same answer on every rank.
+// can: the algorithm falls back otherwise). The same answer on every rank (of one build: a
+// build without single copy never tries, so ranks of one host must run one build).
 bool trySingleCopy(const Context& ctx, size_t bytes) {
+  if constexpr (!platform::kSingleCopy) return false;
   const Config& cfg = ctx.config();
   return ctx.allOnHost() && cfg.algorithm == "auto" && cfg.singleCopyBytes > 0 && bytes >= cfg.singleCopyBytes;
 }

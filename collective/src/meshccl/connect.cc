@@ -23,6 +23,7 @@
 
 #include "meshccl/context.h"
 #include "meshccl/handshake.h"
+#include "meshccl/platform.h"
 
 namespace meshccl {
 
@@ -61,7 +62,7 @@ struct Incoming {
 bool sendAll(int fd, const std::vector<uint8_t>& bytes) {
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = platform::send(fd, bytes.data() + done, bytes.size() - done, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     done += static_cast<size_t>(n);
@@ -462,7 +463,7 @@ struct ShmOffer {
 bool exchange(int fd, char* buf, size_t len, bool write, double deadline) {
   size_t done = 0;
   while (done < len) {
-    const ssize_t n = write ? ::send(fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+    const ssize_t n = write ? platform::send(fd, buf + done, len - done, MSG_DONTWAIT)
                             : ::recv(fd, buf + done, len - done, MSG_DONTWAIT);
     if (n > 0) {
       done += static_cast<size_t>(n);
@@ -503,7 +504,8 @@ void Context::setupSharedMemory() {
       std::unique_ptr<ShmLink> link;
       if (want) {
         std::string name, error;
-        link = ShmLink::create(config_.shmRingBytes, &name, &error);
+        link = ShmLink::create(config_.shmRingBytes, &name, &error,
+                               cat(config_.jobId, '\0', me, '\0', pr->peer, '\0', c->index));
         if (link) {
           link->publishProcess();
           o.offered = 1;
@@ -555,8 +557,13 @@ void Context::setupSharedMemory() {
     hasShm_ = true;
     log(2, cat("rank ", c->peer, " connection ", c->index, ": shared memory"));
   }
-  // Single copy needs every rank on this host, every pair on shared memory, every peer readable.
-  canReadPeers_ = allOnHost_ && config_.singleCopyBytes > 0;
+  // Single copy needs a build with it, every rank on this host, every pair on shared memory,
+  // every peer readable.
+  canReadPeers_ = platform::kSingleCopy && allOnHost_ && config_.singleCopyBytes > 0;
+  if (!platform::kSingleCopy && allOnHost_ && hasShm_) {
+    log(2, cat("rank ", me, ": this build has no single copy (", platform::buildInfoText(),
+               "): large calls copy through shared memory"));
+  }
   for (auto* pr : pairs_) {
     if (pr == nullptr || !canReadPeers_) continue;
     std::string why = "not all of its connections use shared memory";

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "meshccl/platform.h"
+
 namespace meshccl {
 
 const char* collectiveName(Collective c) {
@@ -216,6 +218,17 @@ std::string Context::transport(int peer) const {
   return shm == 0 ? "tcp" : shm == pairs_[peer]->conns.size() ? "shm" : "shm+tcp";
 }
 
+std::string Context::transportSummary() const {
+  bool shm = false;
+  bool tcp = false;
+  for (int peer = 0; peer < size(); ++peer) {
+    const std::string t = transport(peer);
+    shm = shm || t.find("shm") != std::string::npos;
+    tcp = tcp || t.find("tcp") != std::string::npos;
+  }
+  return shm && tcp ? "shm+tcp" : shm ? "shm" : tcp ? "tcp" : "";
+}
+
 void Context::setTimeout(double seconds) {
   MESHCCL_ENFORCE(seconds > 0, "timeout must be > 0 s, got ", seconds);
   config_.timeoutSeconds = seconds;
@@ -418,7 +431,7 @@ ssize_t Context::sendBytes(Connection& c, const iovec* iov, int n) {
     msghdr msg{};
     msg.msg_iov = const_cast<iovec*>(iov);
     msg.msg_iovlen = static_cast<size_t>(n);
-    return ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return platform::sendMsg(c.fd.get(), &msg, MSG_DONTWAIT);
   }
   if (c.peerGone) {
     errno = EPIPE;

@@ -166,9 +166,13 @@ class Context {
   int connCount(int peer) const;
   // "shm", "tcp", or "shm+tcp" (some connections fell back); "" when not linked.
   std::string transport(int peer) const;
+  // Over every linked peer: "shm", "tcp" or "shm+tcp" (some peers or connections each way);
+  // "" for a rank alone.
+  std::string transportSummary() const;
   double timeout() const { return config_.timeoutSeconds; }
-  // Every peer is on this host and this rank can read its memory (see Config::singleCopyBytes).
-  // Local: a call only uses single copy when every rank says so.
+  // Every peer is on this host and this rank can read its memory (see Config::singleCopyBytes);
+  // never in a build without single copy (platform::kSingleCopy). Local: a call only uses
+  // single copy when every rank says so.
   bool canReadPeers() const { return canReadPeers_; }
   // Every rank is on this host with shared memory allowed (the same on every rank: from the
   // hostfile and options), so large calls try single copy.

@@ -2,9 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#if defined(__linux__)
-#include <sys/uio.h>
-#endif
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -17,7 +14,9 @@
 #include <new>
 #include <random>
 
+#include "meshccl/crypto.h"
 #include "meshccl/error.h"
+#include "meshccl/platform.h"
 
 namespace meshccl {
 
@@ -82,6 +81,26 @@ std::string sizeText(uint64_t bytes) {
   return cat(tenths / 10, ".", tenths % 10, " GiB");
 }
 
+// "/mccl.<pid>.<hex>", exactly platform::kShmNameMax characters on every system (a Linux pid
+// has at most 7 digits: 16 or more hex digits remain). The hex digits are HMAC-SHA256, under 16
+// fresh random bytes, of `tag` (the job id and the pair's ranks and connection), this pid and a
+// count of this process's segments: different for every job, pair and connection, even between
+// concurrent jobs of one id on one host, and unguessable, so nobody else on the host can take
+// the name first (O_EXCL would refuse it anyway). The pid tells whose a segment left behind is.
+std::string segmentName(const std::string& tag) {
+  static std::atomic<uint64_t> counter{0};
+  uint8_t key[16];
+  crypto::randomBytes(key, sizeof(key));
+  const std::string message = cat(tag, '\0', ::getpid(), '\0', counter++);
+  const crypto::Mac mac = crypto::hmacSha256(key, sizeof(key), message.data(), message.size());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string n = cat(kNamePrefix, ::getpid(), ".");
+  for (size_t i = 0; n.size() < platform::kShmNameMax && i < 2 * mac.size(); ++i) {
+    n += kHex[(mac[i / 2] >> (i % 2 == 0 ? 4 : 0)) & 0xf];
+  }
+  return n;
+}
+
 // Gives the new segment `bytes` of memory now. Linux's /dev/shm is a tmpfs of bounded size
 // (64 MiB in a default container): ftruncate alone makes a sparse file, and the first write to
 // a page the tmpfs cannot supply kills the process with SIGBUS; posix_fallocate reserves every
@@ -90,31 +109,28 @@ std::string sizeText(uint64_t bytes) {
 bool reserve(int fd, size_t bytes, const std::string& name, std::string* error) {
   const std::string hint = "give the container a larger /dev/shm (docker run --shm-size=1g) or set "
                            "MESHCCL_SHM_RING_BYTES lower";
-#if defined(__linux__)
-  int rc = EINTR;
-  for (int tries = 0; rc == EINTR && tries < 100; ++tries) {  // a signal interrupts it: it gives back what it took
-    rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));  // returns the error; errno is not set
-  }
-  if (rc == 0) return true;
-  if (rc == ENOSPC) {
-    std::string space;
-    struct statvfs fs {};
-    if (::fstatvfs(fd, &fs) == 0) {
-      space = cat("; ", sizeText(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize), " free of ",
-                  sizeText(static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize));
+  if constexpr (platform::kShmPreallocate) {
+    const int rc = platform::preallocate(fd, bytes);
+    if (rc == 0) return true;
+    if (rc == ENOSPC) {
+      std::string space;
+      struct statvfs fs {};
+      if (::fstatvfs(fd, &fs) == 0) {
+        space = cat("; ", sizeText(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize), " free of ",
+                    sizeText(static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize));
+      }
+      *error = cat("/dev/shm has too little space for a ", sizeText(bytes), " segment (posix_fallocate: ",
+                   std::strerror(rc), space, "): ", hint);
+      return false;
     }
-    *error = cat("/dev/shm has too little space for a ", sizeText(bytes), " segment (posix_fallocate: ",
-                 std::strerror(rc), space, "): ", hint);
-    return false;
+    if (rc != EOPNOTSUPP && rc != ENOSYS) {
+      *error = cat("reserving a ", sizeText(bytes), " shared-memory segment ", name, " failed (posix_fallocate: ",
+                   std::strerror(rc), "): ", hint);
+      return false;
+    }
+    // A /dev/shm that cannot preallocate (not a tmpfs, and a C library that does not emulate
+    // it): size it as before.
   }
-  if (rc != EOPNOTSUPP && rc != ENOSYS) {
-    *error = cat("reserving a ", sizeText(bytes), " shared-memory segment ", name, " failed (posix_fallocate: ",
-                 std::strerror(rc), "): ", hint);
-    return false;
-  }
-  // A /dev/shm that cannot preallocate (not a tmpfs, and a C library that does not emulate
-  // it): size it as before.
-#endif
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     *error = cat("sizing shared memory ", name, " to ", sizeText(bytes), " failed (ftruncate: ", std::strerror(errno),
                  "): ", hint);
@@ -155,7 +171,8 @@ void ShmLink::unlink() {
   name_.clear();
 }
 
-std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, std::string* error) {
+std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, std::string* error,
+                                         const std::string& tag) {
   static_assert(offsetof(Ring, head) == ShmLayout::kHeadOffset && offsetof(Ring, tail) == ShmLayout::kTailOffset &&
                     offsetof(Ring, closed) == ShmLayout::kClosedOffset,
                 "ShmLayout names the ring positions' offsets");
@@ -167,11 +184,18 @@ std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, st
                  " to ", ShmLayout::kMaxRingBytes, " (MESHCCL_SHM_RING_BYTES)");
     return nullptr;
   }
-  // Short names: macOS allows 31 characters.
-  static std::atomic<uint32_t> counter{0};
-  std::random_device rd;
-  const std::string n = cat(kNamePrefix, ::getpid(), ".", counter++, ".", rd() % 1000000);
-  const int fd = ::shm_open(n.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  std::string n;
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < 4; ++attempt) {  // another name if one is taken (never, in practice)
+    try {
+      n = segmentName(tag);
+    } catch (const Error& e) {
+      *error = cat("naming a shared-memory segment: ", e.what());
+      return nullptr;
+    }
+    fd = ::shm_open(n.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) {
     *error = cat("shm_open(", n, "): ", std::strerror(errno));
     return nullptr;
@@ -204,7 +228,8 @@ std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, st
 
 std::unique_ptr<ShmLink> ShmLink::open(const std::string& name, size_t ringBytes, std::string* error) {
   // Only ever a segment meshccl made: the name and size come from the peer.
-  if (name.compare(0, sizeof(kNamePrefix) - 1, kNamePrefix) != 0 || name.find('/', 1) != std::string::npos) {
+  if (name.compare(0, sizeof(kNamePrefix) - 1, kNamePrefix) != 0 || name.find('/', 1) != std::string::npos ||
+      name.size() > platform::kShmNameMax) {
     *error = cat("the peer offered shared memory named '", name, "', which is not a meshccl segment");
     return nullptr;
   }
@@ -375,38 +400,15 @@ bool ShmLink::probePeerProcess(int* pid, std::string* why) const {
     return false;
   }
   ProcessSlot read{};
-  if (!readProcessMemory(static_cast<int>(theirs.pid), &read, theirs.address, sizeof(read), why)) return false;
+  if (!platform::readProcessMemory(static_cast<int>(theirs.pid), &read, theirs.address, sizeof(read), why)) {
+    return false;
+  }
   if (std::memcmp(&read, &theirs, sizeof(read)) != 0) {
     *why = cat("pid ", theirs.pid, " is not the peer from here (another pid namespace?)");
     return false;
   }
   *pid = static_cast<int>(theirs.pid);
   return true;
-}
-
-bool readProcessMemory(int pid, void* dst, uint64_t addr, size_t len, std::string* error) {
-#if defined(__linux__)
-  size_t done = 0;
-  while (done < len) {
-    iovec local{static_cast<char*>(dst) + done, len - done};
-    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(addr + done)), len - done};
-    const ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      *error = cat("process_vm_readv from pid ", pid, ": ", n < 0 ? std::strerror(errno) : "no bytes read");
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
-#else
-  (void)pid;
-  (void)dst;
-  (void)addr;
-  (void)len;
-  *error = "single copy needs Linux (process_vm_readv)";
-  return false;
-#endif
 }
 
 }  // namespace meshccl

@@ -50,13 +50,17 @@ class ShmLink {
 
   // Creates a new segment with two rings of `ringBytes`, its memory reserved up front (Linux:
   // posix_fallocate, so a /dev/shm too small for it is an error here, never a SIGBUS at the
-  // first write), and maps it; `name` receives the name to hand to the peer. Returns nullptr
-  // (and `error`, saying what to do) on failure: the caller then uses TCP.
-  static std::unique_ptr<ShmLink> create(size_t ringBytes, std::string* name, std::string* error);
+  // first write), and maps it; `name` receives the name to hand to the peer: "/mccl.<pid>.<hex>",
+  // platform::kShmNameMax characters, the hex digits keyed by fresh random bytes and `tag` (the
+  // job id, the pair and the connection). Returns nullptr (and `error`, saying what to do) on
+  // failure: the caller then uses TCP.
+  static std::unique_ptr<ShmLink> create(size_t ringBytes, std::string* name, std::string* error,
+                                         const std::string& tag = "");
   // Maps the peer's segment; this end writes the ring the creator reads. `name` and
   // `ringBytes` come from the peer: nullptr (and `error`) unless the name is meshccl's, the
   // ring size valid, the segment at least as large as that size needs, and its header and
-  // positions those of a fresh meshccl segment of that size.
+  // positions those of a fresh meshccl segment of that size. A name is meshccl's when it starts
+  // with "/mccl.", has no other '/' and at most platform::kShmNameMax characters.
   static std::unique_ptr<ShmLink> open(const std::string& name, size_t ringBytes, std::string* error);
   // Removes the name (creator only; the mapping stays).
   void unlink();
@@ -90,7 +94,8 @@ class ShmLink {
   // other end then reads that address out of that pid with process_vm_readv and compares it
   // with what it sees through the shared mapping. A match proves it may read the peer's
   // memory and names the right process (not so across pid namespaces, under a ptrace policy
-  // that forbids it, or off Linux). publishProcess() before the peer probes.
+  // that forbids it, or in a build without single copy: platform::kSingleCopy).
+  // publishProcess() before the peer probes.
   void publishProcess();
   // True, with the peer's pid, when this end can read the peer's memory. The pid and address
   // come from the peer: a pid outside 1..INT_MAX, or an address whose slot would wrap, is refused.
@@ -124,9 +129,5 @@ class ShmLink {
   std::string name_;  // non-empty while this end still has to unlink it
   bool creator_ = false;
 };
-
-// Reads `len` bytes at `addr` in process `pid` into `dst` (process_vm_readv, looping over
-// partial reads). False with `error` set when the kernel refuses or the process is gone.
-bool readProcessMemory(int pid, void* dst, uint64_t addr, size_t len, std::string* error);
 
 }  // namespace meshccl

@@ -15,6 +15,8 @@
 // all_gather / broadcast: read the blocks from their owners (the root), then "done".
 // Small messages travel the rings as before (connection 0); a peer that dies makes the read
 // fail (ESRCH) or the next round see its socket close, and a stopped one runs into the timeout.
+// Only in builds with single copy (platform::kSingleCopy: Linux, not MESHCCL_PORTABLE); the
+// others never call these (collectives.cc) and copy through the rings.
 
 #include <algorithm>
 #include <cstring>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "meshccl/algorithms.h"
+#include "meshccl/platform.h"
 
 namespace meshccl::algo {
 
@@ -81,7 +84,7 @@ void readPeer(Context& ctx, int peer, void* dst, uint64_t addr, size_t len) {
                                  " for its buffer, where ", len, " bytes cannot be (a bug in rank ", peer, "?)"));
   }
   std::string error;
-  if (!readProcessMemory(ctx.peerPid(peer), dst, addr, len, &error)) {
+  if (!platform::readProcessMemory(ctx.peerPid(peer), dst, addr, len, &error)) {
     ctx.fail(ErrorKind::kIo, cat("rank ", ctx.rank(), ": reading rank ", peer, "'s buffer failed (", error,
                                  "): has rank ", peer, " died?"));
   }

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "meshccl/error.h"
+#include "meshccl/platform.h"
 
 namespace meshccl {
 
@@ -96,43 +97,12 @@ void flushSocket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-namespace {
-
-#if !defined(__linux__)
-// Close-on-exec, optionally non-blocking, and SIGPIPE off (where MSG_NOSIGNAL may be missing):
-// what Linux sets at creation (SOCK_CLOEXEC, SOCK_NONBLOCK), set afterwards.
-int prepare(int fd, bool nonBlocking) {
-  if (fd < 0) return fd;
-  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  if (nonBlocking) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
-#if defined(SO_NOSIGPIPE)
-  const int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
-#endif
-  return fd;
-}
-#endif
-
-int openStream(int family, bool nonBlocking) {
-#if defined(__linux__)
-  return ::socket(family, SOCK_STREAM | SOCK_CLOEXEC | (nonBlocking ? SOCK_NONBLOCK : 0), 0);
-#else
-  return prepare(::socket(family, SOCK_STREAM, 0), nonBlocking);
-#endif
-}
-
-}  // namespace
-
 int acceptNonBlocking(int listenFd, sockaddr_storage* from, socklen_t* fromLen) {
-#if defined(__linux__)
-  return ::accept4(listenFd, reinterpret_cast<sockaddr*>(from), fromLen, SOCK_NONBLOCK | SOCK_CLOEXEC);
-#else
-  return prepare(::accept(listenFd, reinterpret_cast<sockaddr*>(from), fromLen), true);
-#endif
+  return platform::acceptStream(listenFd, reinterpret_cast<sockaddr*>(from), fromLen);
 }
 
 Fd listenOn(const SockAddr& addr) {
-  Fd fd(openStream(addr.storage.ss_family, false));
+  Fd fd(platform::openStream(addr.storage.ss_family, false));
   if (!fd) raise(ErrorKind::kBootstrap, cat("socket() for ", addr.text, ": ", std::strerror(errno)));
   const int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -152,7 +122,7 @@ Fd listenOn(const SockAddr& addr) {
 }
 
 Fd startConnect(const SockAddr& addr, int* err) {
-  Fd fd(openStream(addr.storage.ss_family, true));
+  Fd fd(platform::openStream(addr.storage.ss_family, true));
   if (!fd) {  // out of descriptors (EMFILE) or memory, most likely: the caller retries later
     *err = errno;
     return fd;

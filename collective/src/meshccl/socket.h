@@ -40,8 +40,8 @@ class Fd {
 };
 
 Fd listenOn(const SockAddr& addr);
-// Takes one pending connection as a non-blocking, close-on-exec socket (accept4 on Linux);
-// -1 with errno as accept() sets it.
+// Takes one pending connection as a non-blocking, close-on-exec socket with SIGPIPE off
+// (platform::acceptStream); -1 with errno as accept() sets it.
 int acceptNonBlocking(int listenFd, sockaddr_storage* from, socklen_t* fromLen);
 // Starts a non-blocking connect; returns the socket (connect in progress or done). *err is the
 // errno of a connect that failed at once, or of socket() itself (then no socket is returned:

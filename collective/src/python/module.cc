@@ -17,6 +17,9 @@
 #include <vector>
 
 #include "meshccl/collectives.h"
+#include "meshccl/crypto.h"
+#include "meshccl/meshccl.h"
+#include "meshccl/platform.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -82,6 +85,7 @@ class Communicator {
   int connections(int peer) const { return ctx().connCount(peer); }
   bool linked(int peer) const { return ctx().connected(peer); }
   std::string transport(int peer) const { return ctx().transport(peer); }
+  std::string transportSummary() const { return ctx().transportSummary(); }
   bool singleCopy() const { return ctx().canReadPeers(); }
   // What the connect phase saw (strangers rejected, handshakes dropped, accept back-offs).
   nb::dict connectStats() const {
@@ -189,6 +193,23 @@ class Communicator {
   std::unique_ptr<meshccl::Context> ctx_;
 };
 
+// What this build selected (platform.h), for meshccl.build_info().
+nb::dict buildInfo() {
+  const meshccl::platform::BuildInfo& b = meshccl::platform::buildInfo();
+  nb::dict d;
+  d["system"] = b.system;
+  d["portable"] = b.portable;
+  d["single_copy"] = b.singleCopy;
+  d["sockets"] = b.sockets;
+  d["sigpipe"] = b.sigpipe;
+  d["shm_reserve"] = b.shmReserve;
+  d["shm_name_max"] = b.shmNameMax;
+  d["crypto"] = meshccl::crypto::providerName();
+  d["protocol_version"] = meshccl::kProtocolVersion;
+  d["abi_version"] = MESHCCL_ABI_VERSION;
+  return d;
+}
+
 meshccl::Config makeConfig(int rank, int size, const std::string& token,
                            const std::vector<std::pair<std::string, int>>& listen,
                            const std::vector<std::tuple<int, std::vector<std::pair<std::string, int>>, int, bool>>& peers,
@@ -279,6 +300,7 @@ NB_MODULE(_meshccl, m) {
         "handshake_timeout"_a = meshccl::Config{}.handshakeTimeoutSeconds);
   // The connect handshake's protocol (2: both ends prove the job token, it is never sent).
   m.attr("PROTOCOL_VERSION") = meshccl::kProtocolVersion;
+  m.def("build_info", &buildInfo);
   nb::class_<meshccl::Config>(m, "Config");
 
   nb::class_<Communicator>(m, "Communicator")
@@ -289,6 +311,7 @@ NB_MODULE(_meshccl, m) {
       .def("connections", &Communicator::connections, "peer"_a)
       .def("linked", &Communicator::linked, "peer"_a)
       .def("transport", &Communicator::transport, "peer"_a)
+      .def_prop_ro("transport_summary", &Communicator::transportSummary)
       .def_prop_ro("single_copy", &Communicator::singleCopy)
       .def_prop_ro("connect_stats", &Communicator::connectStats)
       .def("all_reduce", &Communicator::allReduce, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)

@@ -64,8 +64,8 @@ TEST_P(Layouts, DtypeMismatchRaisesOnEveryRank) {
 }
 
 TEST_P(Layouts, DifferentCollectivesRaiseOnEveryRank) {
-  const int n = 3;
-  const auto out = runExpectingErrors(n, GetParam(), [n](Context& ctx) {
+  constexpr int n = 3;
+  const auto out = runExpectingErrors(n, GetParam(), [](Context& ctx) {
     std::vector<float> buf(300 * n, 1.0f), gathered(300 * n);
     if (ctx.rank() == 1) {
       allGather(ctx, buf.data(), gathered.data(), 300, DataType::kFloat32);
