@@ -41,6 +41,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "meshkit_meshccl_install": {"type": "boolean"},
     "meshkit_meshccl_venv": {"type": "string", "nullable": True, "regex": r"^/.*"},
     "meshkit_meshccl_python": {"type": "string", "empty": False},
+    "meshkit_meshccl_build_on": {"type": "string", "allowed": ["controller", "group", "host"]},
     "meshkit_artifacts_dir": {"type": "string", "nullable": True},
     "meshkit_hosts": {"type": "string"},
     # Written by playbooks/lab.yml into lab inventories.
@@ -66,7 +67,11 @@ HINTS = {
     "meshkit_meshccl_port": "use a free TCP port from 1024; local rank k listens on this plus k",
     "meshkit_meshccl_install": "true (setup.yml installs meshccl on every host) or false",
     "meshkit_meshccl_venv": "give an absolute path for meshccl's virtual environment (default: <state_dir>/meshccl)",
-    "meshkit_meshccl_python": "name the host's Python 3 (same version as the controller's)",
+    "meshkit_meshccl_python": "name the host's Python 3.9 or later that makes meshccl's environment",
+    "meshkit_meshccl_build_on": (
+        "use controller (the controller builds where its platform matches the host, else the host's group's first "
+        "host), group (the group's first host always) or host (every host builds its own)"
+    ),
 }
 
 

@@ -13,8 +13,12 @@ description:
     at install time, and only if C(import meshccl) works there - and whether it is O(build). Changes nothing.
   - With O(state=present), does nothing when the build is current. Otherwise checks that this host's Python can
     run the wheels (same CPython version), creates the virtual environment if needed, installs every wheel of
-    O(wheelhouse) with pip (C(--no-index), nothing fetched), checks C(import meshccl) and records the build id.
-    The copied wheelhouse is removed afterwards.
+    O(wheelhouse) with pip (C(--no-index), nothing fetched), installs O(requirements) from this host's own package
+    index (only those the controller could not get wheels of for this host), checks C(import meshccl) and records
+    the build id, where the wheel was built (O(built_on)) and the SHA-256 of every wheel installed, in
+    C(meshkit-meshccl.json) in the environment. The copied wheelhouse is removed afterwards.
+  - The build id means the sources and requested requirements the install was made from, whatever machine built
+    the wheel; the same on every host of a cluster.
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
@@ -45,6 +49,16 @@ options:
     description: The Python that creates the virtual environment.
     type: str
     default: python3
+  built_on:
+    description: Where the wheel was built (C(controller) or a host's name), recorded with the build.
+    type: str
+  requirements:
+    description:
+      - Packages to install from this host's package index after the wheels (a pinned one that the index does not
+        have falls back to its newest version there).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -70,6 +84,7 @@ bin:
   type: str
 """
 
+import hashlib
 import json
 import os
 import re
@@ -112,6 +127,8 @@ def main() -> None:
             "state": {"type": "str", "choices": ["query", "present"], "default": "present"},
             "wheelhouse": {"type": "path"},
             "python": {"type": "str", "default": "python3"},
+            "built_on": {"type": "str"},
+            "requirements": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -144,8 +161,8 @@ def main() -> None:
         if m and m["abi"] != "none" and tag not in m["py"].split("."):
             module.fail_json(
                 msg=(
-                    f"{wheel} was built for {m['py']}, this host's {python} is {tag}: build on a controller with the "
-                    f"hosts' Python version, or set meshkit_meshccl_python to a {m['py']} interpreter here"
+                    f"{wheel} was built for {m['py']}, this host's {python} is {tag}: run setup.yml again (meshccl is "
+                    f"built per Python version), or set meshkit_meshccl_python to a {m['py']} interpreter here"
                 ),
                 **result,
             )
@@ -154,9 +171,10 @@ def main() -> None:
         have = subprocess.run([venv_python, "-c", TAG], capture_output=True, text=True, check=False).stdout.strip()
         if have != tag:  # made by another Python (or broken): make it again
             shutil.rmtree(path)
-    if not os.path.exists(venv_python):
-        run(module, [python, "-m", "venv", "--without-pip", path], f"{python} -m venv {path}")
     pip_wheel = next((os.path.join(wheelhouse, w) for w in wheels if w.startswith("pip-")), None)
+    if not os.path.exists(venv_python):
+        # pip from the wheelhouse when it holds one; else the environment gets the Python's own (ensurepip).
+        run(module, [python, "-m", "venv", *(["--without-pip"] if pip_wheel else []), path], f"{python} -m venv {path}")
     pip = [venv_python, os.path.join(pip_wheel, "pip")] if pip_wheel else [venv_python, "-m", "pip"]
     run(
         module,
@@ -173,8 +191,33 @@ def main() -> None:
         ],
         f"pip install into {path}",
     )
+    for spec in p["requirements"]:
+        bare = re.split(r"[\s<>=!~;\[(]", spec, maxsplit=1)[0]
+        argv = [*pip, "install", "--quiet", "--disable-pip-version-check"]
+        proc = subprocess.run([*argv, spec], capture_output=True, text=True, check=False)
+        if proc.returncode != 0 and bare != spec:
+            proc = subprocess.run([*argv, bare], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            module.fail_json(
+                msg=f"{spec}: no wheel of it came from the controller for this host, and its own package index has "
+                f"none either: {proc.stderr.strip()[-1500:]}",
+                **result,
+            )
+    digests = {}
+    for wheel in wheels:
+        with open(os.path.join(wheelhouse, wheel), "rb") as f:
+            digests[wheel] = hashlib.sha256(f.read()).hexdigest()
     with open(os.path.join(path, MARK), "w", encoding="utf-8") as f:
-        json.dump({"build": build, "wheels": wheels}, f)
+        json.dump(
+            {
+                "build": build,
+                "wheels": wheels,
+                "sha256": digests,
+                "built_on": p["built_on"],
+                "index": p["requirements"],
+            },
+            f,
+        )
     after = installed_build(path)
     if after != build:
         module.fail_json(msg=f"meshccl does not import from {path} after installing {', '.join(wheels)}", **result)

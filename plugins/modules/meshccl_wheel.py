@@ -1,21 +1,37 @@
 #!/usr/bin/python
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Ansible module: build meshccl's wheelhouse once on the controller, keyed by its sources."""
+"""Ansible module: group the hosts for meshccl, and build on the controller what the controller builds."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: meshccl_wheel
-short_description: Build the meshccl wheelhouse on the controller (once per source change)
+short_description: Group the hosts by platform and prepare one meshccl wheelhouse per group (controller side)
 description:
-  - Hashes meshccl's sources (the C(collective) directory, its build directories left out), the Python that builds
-    and the extra requirements into a build id. When C(dest/<build id>) holds a finished wheelhouse nothing is done.
-  - Otherwise builds meshccl's wheel with this Python's pip (C(--no-build-isolation) when scikit-build-core and
-    nanobind are importable here, so nothing is fetched), and adds binary wheels of the extra requirements and of
-    pip itself, so hosts install with C(--no-index) and need no package index.
-  - The wheel is for this Python and platform; hosts must run the same Python version (the host side checks).
-  - Older wheelhouses in O(dest) are removed, the previous one kept.
+  - Hashes meshccl's sources (the C(collective) directory, its build directories left out) and the extra
+    requirements into a build id. The id does not depend on any platform - every host records the same one.
+  - With O(phase=plan) and O(hosts) (each host's M(meshkit.cluster.meshccl_host_facts) result), groups the hosts by
+    OS, architecture, Python X.Y and libc (glibc's version; macOS's version on a Mac). A group is built once. On
+    the controller when the controller's platform serves it (same OS, architecture and Python X.Y, and a libc no
+    newer than the hosts'), unless its hosts say otherwise (C(build_on) - C(group) builds on the group's first
+    host, C(host) on every host itself). Otherwise on the group's first host that can build - from meshccl's source
+    distribution, which this module makes once (scikit-build-core's C(build_sdist), no network).
+  - Only groups with a host whose installed build is not the current one are built, and only when the group's
+    wheelhouse (C(dest/<build id>/<group>)) is not already complete.
+  - Before anything is built anywhere, a host with a Python older than 3.9, or a group whose builder lacks a C++
+    compiler, CMake, or Python's or OpenSSL's headers, fails the task naming the host and the command that installs
+    what is missing (C(xcode-select --install) on a Mac).
+  - For the controller's groups it builds the wheel here (C(pip wheel), build requirements from a local directory of
+    wheels, C(--no-index)) and adds binary wheels of the extra requirements and of pip. For the other groups it
+    prepares a kit (the source distribution, the build requirements' wheels and pip's, for that group's Python)
+    to copy to the builder, and stages the group's wheelhouse (binary wheels of the extra requirements for that
+    platform, from C(pip download --platform ... --python-version X.Y); a requirement with no such wheel is left
+    for the host to install from its own package index).
+  - With O(phase=finish), after the builders' wheels were fetched into the staged wheelhouses, checks each holds a
+    meshccl wheel and marks it complete.
+  - Without O(hosts), builds (or with check mode reports) the controller's own wheelhouse only.
+  - Older builds' wheelhouses in O(dest) are removed, the previous one kept.
   - "Run it on the controller (C(delegate_to: localhost), C(run_once))."
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
@@ -32,22 +48,39 @@ options:
     type: path
     required: true
   dest:
-    description: Where wheelhouses are kept, one directory per build id.
+    description: Where wheelhouses are kept, one directory per build id, one per group in it.
     type: path
     required: true
   requirements:
     description:
-      - Further packages hosts get, as binary wheels. A bare name is pinned to the version installed here, if any.
+      - Further packages hosts get, as binary wheels. A bare name is pinned to the version installed here, if any
+        (for another platform or Python, the newest that has a wheel there when the pinned one has none).
     type: list
     elements: str
     default: [numpy]
+  hosts:
+    description:
+      - Each host's M(meshkit.cluster.meshccl_host_facts) result (its C(build_on) included), in play order.
+    type: dict
+    default: {}
+  phase:
+    description: C(plan) groups and builds what the controller builds; C(finish) completes the groups built on hosts.
+    type: str
+    choices: [plan, finish]
+    default: plan
+  groups:
+    description: For O(phase=finish), the C(groups) that O(phase=plan) returned.
+    type: list
+    elements: dict
+    default: []
 """
 
 EXAMPLES = r"""
-- name: Build the wheelhouse
+- name: Group the hosts and build what the controller builds
   meshkit.cluster.meshccl_wheel:
     source: "{{ role_path }}/../../collective"
     dest: "{{ lookup('ansible.builtin.env', 'HOME') }}/.cache/meshkit/meshccl-wheels"
+    hosts: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'meshccl_host'))) }}"
   run_once: true
   delegate_to: localhost
   register: meshccl_wheelhouse
@@ -55,28 +88,49 @@ EXAMPLES = r"""
 
 RETURN = r"""
 build:
-  description: The build id (16 hex digits), a hash of the sources, the building Python and the requirements.
-  returned: always
-  type: str
-path:
-  description: The wheelhouse directory (absent in check mode before a build).
-  returned: always
-  type: str
-wheels:
-  description: The wheel file names in it; empty in check mode before a build.
-  returned: always
-  type: list
-  elements: str
-python_tag:
-  description: The CPython tag the meshccl wheel needs, e.g. C(cp311).
+  description: The build id (16 hex digits), a hash of the sources and the pinned requirements.
   returned: always
   type: str
 version:
   description: meshccl's version.
   returned: always
   type: str
+path:
+  description: The controller's own wheelhouse (empty when no host uses it).
+  returned: always
+  type: str
+wheels:
+  description: The wheel file names in it; empty when it is not built (check mode, or no host needs it).
+  returned: always
+  type: list
+  elements: str
+python_tag:
+  description: The controller's CPython tag, e.g. C(cp311).
+  returned: always
+  type: str
+groups:
+  description:
+    - One per group - name, platform, where (controller, group, host), builder (C(controller) or a host), hosts,
+      needs (hosts not current), build_now, ready (its wheelhouse is complete), path, staging, kit, wheels,
+      built_on, unresolved (requirements its hosts install from their own index).
+  returned: always
+  type: list
+  elements: dict
+hosts:
+  description:
+    - Per host - group, builder, built_on, wheelhouse (on the controller), ready, install (not current),
+      build_here (this host builds its group's wheel now), kit, fetch_to, index (the build fetches its build
+      requirements from the host's index), unresolved.
+  returned: always
+  type: dict
+summary:
+  description: One line per group - who builds for whom, and what this run does.
+  returned: always
+  type: list
+  elements: str
 """
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -87,33 +141,320 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils.meshccl_build import build_id, pinned
+from ansible_collections.meshkit.cluster.plugins.module_utils.meshccl_build import (
+    CONTROLLER,
+    build_id,
+    builder_problems,
+    gather,
+    marker_environment,
+    pinned,
+    pip_platforms,
+    plan,
+    platform_label,
+    python_tag,
+    python_xy,
+)
+
+try:
+    from packaging.markers import default_environment
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    HAS_PACKAGING = True
+except ImportError:  # ansible-core depends on packaging; guarded for tools that import modules bare
+    HAS_PACKAGING = False
+
+MARK = "meshkit-wheelhouse.json"
+PENDING = ".meshkit-pending.json"
+HEX16 = re.compile(r"^[0-9a-f]{16}$")
 
 
-def project_version(source: str) -> str:
+def project(source: str) -> tuple[str, list[str]]:
+    """(version, build-system requires) from meshccl's pyproject.toml."""
     with open(os.path.join(source, "pyproject.toml"), encoding="utf-8") as f:
-        m = re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M)
-    return m.group(1) if m else "0"
+        text = f.read()
+    m = re.search(r'^version\s*=\s*"([^"]+)"', text, re.M)
+    req = re.search(r"^requires\s*=\s*\[([^\]]*)\]", text, re.M)
+    requires = re.findall(r'"([^"]+)"', req.group(1)) if req else ["scikit-build-core", "nanobind"]
+    return (m.group(1) if m else "0"), requires
 
 
 def pip(*args: str) -> list[str]:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
 
 
-MARK = "meshkit-wheelhouse.json"
+def run(argv: list[str], cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, check=False, cwd=cwd, env=env)
+
+
+class BuildError(Exception):
+    def __init__(self, msg: str, proc: subprocess.CompletedProcess | None = None):
+        super().__init__(msg)
+        self.details = {"stderr": proc.stderr[-4000:], "stdout": proc.stdout[-2000:]} if proc else {}
+
+
+def wheels_in(path: str) -> list[str]:
+    return sorted(f for f in os.listdir(path) if f.endswith(".whl")) if os.path.isdir(path) else []
+
+
+def wheel_name(filename: str) -> str:
+    return filename.split("-", 1)[0].replace("_", "-").lower()
+
+
+def requires_of(wheel: str) -> list[str]:
+    """Requires-Dist lines of a wheel's METADATA."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = z.read(meta).decode("utf-8", "replace") if meta else ""
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def download(specs: list[str], dest: str, target: dict | None = None) -> list[str]:
+    """Binary wheels of ``specs`` and what they depend on into ``dest``; returns the specs that have none.
+
+    ``target`` None: for this Python and platform (pip resolves). Else for that host record: pip's
+    --platform/--python-version, one requirement at a time, the dependencies' markers evaluated for the
+    target (pip evaluates them for the running interpreter), a pinned version falling back to the newest."""
+    os.makedirs(dest, exist_ok=True)
+    if target is None:
+        proc = run(pip("download", "--quiet", "--only-binary=:all:", *specs, "-d", dest))
+        return [] if proc.returncode == 0 else [s for s in specs if not _fetch_one(s, dest, [])]
+    platforms = pip_platforms(target)
+    flags = [
+        "--python-version",
+        python_xy(target),
+        "--implementation",
+        "cp",
+        "--abi",
+        python_tag(target),
+        *(x for p in platforms for x in ("--platform", p)),
+    ]
+    env = marker_environment(target)
+    if HAS_PACKAGING:
+        env = {**default_environment(), **env, "extra": ""}
+    queue, seen, missing = list(specs), set(), []
+    while queue:
+        spec = queue.pop(0)
+        name = _name(spec)
+        if name in seen:
+            continue
+        seen.add(name)
+        before = set(wheels_in(dest))
+        got = _fetch_one(spec, dest, flags) if platforms or _pure(spec, dest, flags) else None
+        if not got:
+            missing.append(spec)
+            continue
+        new = [w for w in set(wheels_in(dest)) - before if wheel_name(w) == name] or [
+            w for w in wheels_in(dest) if wheel_name(w) == name
+        ]
+        for wheel in new[:1]:
+            for dep in requires_of(os.path.join(dest, wheel)):
+                if not HAS_PACKAGING:
+                    continue
+                try:
+                    req = Requirement(dep)
+                except InvalidRequirement:
+                    continue
+                if req.marker is None or req.marker.evaluate(env):
+                    req.marker = None
+                    queue.append(str(req))
+    return missing
+
+
+def _name(spec: str) -> str:
+    base = re.split(r"[\s<>=!~;\[(]", spec, maxsplit=1)[0]
+    return canonicalize_name(base) if HAS_PACKAGING else base.replace("_", "-").lower()
+
+
+def _fetch_one(spec: str, dest: str, flags: list[str]) -> bool:
+    argv = pip("download", "--quiet", "--no-deps", "--only-binary=:all:", *flags, "-d", dest)
+    if run([*argv, spec]).returncode == 0:
+        return True
+    bare = re.split(r"[\s<>=!~;\[(]", spec, maxsplit=1)[0]
+    return bare != spec and run([*argv, bare]).returncode == 0
+
+
+def _pure(spec: str, dest: str, flags: list[str]) -> bool:
+    """Without platform tags only a pure-Python wheel may be taken (this platform's would be wrong)."""
+    probe = tempfile.mkdtemp(dir=dest)
+    try:
+        if not _fetch_one(spec, probe, flags):
+            return False
+        return all(w.endswith("-none-any.whl") for w in wheels_in(probe))
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def deps_dir(dest: str, label: str, specs: list[str], target: dict | None) -> tuple[str, list[str]]:
+    """A cached directory of the build requirements' wheels (and pip's) for one platform: (path, missing)."""
+    key = re.sub(r"[^A-Za-z0-9._-]", "_", label) + "-" + hashlib_hex("\n".join(specs))[:8]
+    path = os.path.join(dest, "build-deps", key)
+    mark = os.path.join(path, MARK)
+    if os.path.isfile(mark):
+        with open(mark, encoding="utf-8") as f:
+            return path, json.load(f)["missing"]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{key}-", dir=os.path.dirname(path))
+    missing = download(specs, work, target)
+    with open(os.path.join(work, MARK), "w", encoding="utf-8") as f:
+        json.dump({"specs": specs, "missing": missing, "wheels": wheels_in(work)}, f)
+    shutil.rmtree(path, ignore_errors=True)
+    os.rename(work, path)
+    return path, missing
+
+
+def hashlib_hex(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build_requirements(requires: list[str]) -> list[str]:
+    """The build-system requirements pinned to this controller's versions where installed, and pip's."""
+    out = []
+    for spec in requires:
+        name = re.split(r"[\s<>=!~;\[(]", spec, maxsplit=1)[0]
+        try:
+            out.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(spec)
+    return [*out, f"pip=={importlib.metadata.version('pip')}"]
+
+
+def sdist(source: str, build_dir: str, deps: str) -> str:
+    """meshccl's source distribution, made once per build with scikit-build-core's build_sdist from
+    the unpacked build requirements (no network)."""
+    out = os.path.join(build_dir, "sdist")
+    made = [f for f in os.listdir(out) if f.endswith(".tar.gz")] if os.path.isdir(out) else []
+    if made:
+        return os.path.join(out, made[0])
+    unpacked = tempfile.mkdtemp(prefix=".sdist-env-", dir=build_dir)
+    work = tempfile.mkdtemp(prefix=".sdist-", dir=build_dir)
+    try:
+        for wheel in wheels_in(deps):
+            with zipfile.ZipFile(os.path.join(deps, wheel)) as z:
+                z.extractall(unpacked)
+        env = {**os.environ, "PYTHONPATH": unpacked}
+        proc = run(
+            [sys.executable, "-c", "import sys, scikit_build_core.build as b; print(b.build_sdist(sys.argv[1]))", work],
+            cwd=source,
+            env=env,
+        )
+        if proc.returncode != 0:
+            raise BuildError("making meshccl's source distribution (scikit-build-core build_sdist) failed", proc)
+        os.chmod(work, 0o755)
+        shutil.rmtree(out, ignore_errors=True)
+        os.rename(work, out)
+    finally:
+        shutil.rmtree(unpacked, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return os.path.join(out, next(f for f in os.listdir(out) if f.endswith(".tar.gz")))
 
 
 def prune(dest: str, keep: str) -> None:
-    """Remove all wheelhouses but the current and the newest other one."""
+    """Remove every build's wheelhouses but the current build's and the newest other build's."""
     others = []
     for name in os.listdir(dest):
         full = os.path.join(dest, name)
-        if name != keep and os.path.isdir(full) and os.path.isfile(os.path.join(full, MARK)):
+        if name != keep and HEX16.match(name) and os.path.isdir(full):
             others.append((os.path.getmtime(full), full))
     for _mtime, full in sorted(others)[:-1]:
         shutil.rmtree(full, ignore_errors=True)
+
+
+def read_mark(path: str) -> dict | None:
+    try:
+        with open(os.path.join(path, MARK), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_mark(path: str, data: dict) -> None:
+    with open(os.path.join(path, MARK), "w", encoding="utf-8") as f:
+        json.dump(data, f)
+
+
+def build_here(source: str, path: str, version: str, requirements: list[str], deps: str | None, ctx: dict) -> list[str]:
+    """The controller's wheelhouse: meshccl's wheel built here, the requirements' wheels and pip's."""
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}-", dir=parent)
+    os.chmod(work, 0o755)
+    try:
+        local = all(importlib.util.find_spec(m) for m in ("scikit_build_core", "nanobind"))
+        if local:  # the build requirements are installed here: nothing to fetch
+            isolation = ["--no-build-isolation"]
+        elif deps:
+            isolation = ["--no-index", "--find-links", deps]
+        else:
+            isolation = []
+        steps = [pip("wheel", "--quiet", "--no-deps", *isolation, source, "-w", work)]
+        if requirements:
+            steps.append(pip("download", "--quiet", "--only-binary=:all:", *requirements, "-d", work))
+        steps.append(
+            pip(
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                f"pip=={importlib.metadata.version('pip')}",
+                "-d",
+                work,
+            )
+        )
+        for argv in steps:
+            proc = run(argv)
+            if proc.returncode != 0:
+                raise BuildError(
+                    f"building the meshccl wheelhouse failed: {' '.join(argv[3:6])} ... exited {proc.returncode}", proc
+                )
+        wheels = wheels_in(work)
+        if not any(w.startswith(f"meshccl-{version}-") for w in wheels):
+            raise BuildError(f"pip built no meshccl-{version} wheel from {source} (wheels: {', '.join(wheels)})")
+        write_mark(
+            work,
+            {
+                **ctx,
+                "wheels": wheels,
+                "requirements": requirements,
+                "unresolved": [],
+                "built_on": CONTROLLER,
+                "python": sys.executable,
+            },
+        )
+        shutil.rmtree(path, ignore_errors=True)
+        os.rename(work, path)
+        return wheels
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def finish(module: AnsibleModule, dest: str, groups: list[dict], version: str) -> None:
+    done, changed = {}, False
+    for group in groups:
+        staging, path = group.get("staging"), group.get("path")
+        if not staging or not path or group.get("builder") == CONTROLLER:
+            continue
+        if module.check_mode or not os.path.isdir(staging):
+            continue
+        wheels = wheels_in(staging)
+        if not any(w.startswith(f"meshccl-{version}-") for w in wheels):
+            module.fail_json(
+                msg=f"{group['builder']} built no meshccl-{version} wheel for {', '.join(group['hosts'])} "
+                f"(found in {staging}: {', '.join(wheels) or 'nothing'})"
+            )
+        with open(os.path.join(staging, PENDING), encoding="utf-8") as f:
+            pending = json.load(f)
+        os.remove(os.path.join(staging, PENDING))
+        write_mark(staging, {**pending, "wheels": wheels, "built_on": group["builder"]})
+        shutil.rmtree(path, ignore_errors=True)
+        os.rename(staging, path)
+        shutil.rmtree(group.get("kit") or "", ignore_errors=True)
+        done[group["name"]] = {"path": path, "wheels": wheels, "built_on": group["builder"]}
+        changed = True
+    module.exit_json(changed=changed, wheelhouses=done)
 
 
 def main() -> None:
@@ -122,82 +463,166 @@ def main() -> None:
             "source": {"type": "path", "required": True},
             "dest": {"type": "path", "required": True},
             "requirements": {"type": "list", "elements": "str", "default": ["numpy"]},
+            "hosts": {"type": "dict", "default": {}},
+            "phase": {"type": "str", "choices": ["plan", "finish"], "default": "plan"},
+            "groups": {"type": "list", "elements": "dict", "default": []},
         },
         supports_check_mode=True,
     )
-    source, dest = module.params["source"], module.params["dest"]
+    p = module.params
+    source, dest = p["source"], p["dest"]
     if not os.path.isfile(os.path.join(source, "pyproject.toml")):
         module.fail_json(msg=f"source={source}: no pyproject.toml there; point it at meshccl's sources (collective/)")
-    requirements = pinned(module.params["requirements"])
+    version, requires = project(source)
+    if p["phase"] == "finish":
+        finish(module, dest, p["groups"], version)
+    requirements = pinned(p["requirements"])
     build = build_id(source, requirements)
-    version = project_version(source)
-    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    path = os.path.join(dest, build)
-    result = {
+    controller = gather(sys.executable)
+    controller["python"]["path"] = sys.executable
+    build_dir = os.path.join(dest, build)
+    result: dict = {
         "build": build,
-        "path": path,
-        "python_tag": tag,
         "version": version,
-        "requirements": requirements,
         "source": source,
-        "requested": module.params["requirements"],
+        "requested": p["requirements"],
+        "requirements": requirements,
+        "python_tag": f"cp{sys.version_info[0]}{sys.version_info[1]}",
+        "controller": controller,
+        "path": "",
+        "wheels": [],
     }
-    mark = os.path.join(path, MARK)
-    if os.path.isfile(mark):
-        with open(mark, encoding="utf-8") as f:
-            module.exit_json(changed=False, wheels=json.load(f)["wheels"], **result)
-    if module.check_mode:
-        module.exit_json(changed=True, wheels=[], msg=f"would build meshccl {version} ({build})", **result)
-
-    os.makedirs(dest, exist_ok=True)
-    work = tempfile.mkdtemp(prefix=f".{build}-", dir=dest)
-    os.chmod(work, 0o755)
-    started = time.monotonic()
-    isolation = [] if all(importlib.util.find_spec(m) for m in ("scikit_build_core", "nanobind")) else None
-    steps = [
-        pip(
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            *(["--no-build-isolation"] if isolation is not None else []),
-            source,
-            "-w",
-            work,
-        ),
-    ]
-    if requirements:
-        steps.append(pip("download", "--quiet", "--only-binary=:all:", *requirements, "-d", work))
-    steps.append(
-        pip(
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--only-binary=:all:",
-            f"pip=={importlib.metadata.version('pip')}",
-            "-d",
-            work,
+    records = {h: r for h, r in (p["hosts"] or {}).items() if isinstance(r, dict)}
+    if records:
+        groups, problems = plan(
+            records, {h: r.get("build_on") or CONTROLLER for h, r in records.items()}, controller, build
         )
-    )
-    for argv in steps:
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            shutil.rmtree(work, ignore_errors=True)
-            module.fail_json(
-                msg=f"building the meshccl wheelhouse failed: {' '.join(argv[3:6])} ... exited {proc.returncode}",
-                stderr=proc.stderr[-4000:],
-                stdout=proc.stdout[-2000:],
-                **result,
+    else:  # no hosts given: the controller's own wheelhouse
+        groups, problems = (
+            [
+                {
+                    "name": f"controller-{platform_label(controller)}",
+                    "platform": platform_label(controller),
+                    "where": CONTROLLER,
+                    "hosts": [],
+                    "needs": [CONTROLLER],
+                    "builder": CONTROLLER,
+                }
+            ],
+            [],
+        )
+    for group in groups:
+        group["path"] = os.path.join(build_dir, group["name"])
+        mark = read_mark(group["path"])
+        group["ready"] = bool(mark)
+        group["wheels"] = mark["wheels"] if mark else []
+        group["built_on"] = mark.get("built_on") if mark else group["builder"]
+        group["unresolved"] = mark.get("unresolved", []) if mark else []
+        group["build_now"] = bool(group["needs"]) and not group["ready"]
+        group["staging"] = group["kit"] = None
+        group["index"] = False
+        if group["build_now"]:
+            problems.extend(builder_problems(group, records, controller))
+    if problems:
+        module.fail_json(
+            msg="meshccl cannot be installed; nothing was built or changed:\n  - " + "\n  - ".join(problems),
+            problems=problems,
+            groups=groups,
+            **result,
+        )
+
+    started = time.monotonic()
+    changed = False
+    try:
+        for group in groups:
+            if not group["build_now"] or module.check_mode:
+                continue
+            changed = True
+            ctx = {"build": build, "group": group["name"], "platform": group["platform"]}
+            if group["builder"] == CONTROLLER:
+                deps = None
+                if not all(importlib.util.find_spec(m) for m in ("scikit_build_core", "nanobind")):
+                    deps, missing = deps_dir(
+                        dest, f"controller-{platform_label(controller)}", build_requirements(requires), None
+                    )
+                    deps = None if missing else deps
+                group["wheels"] = build_here(source, group["path"], version, requirements, deps, ctx)
+                group["ready"] = True
+                continue
+            # Built on a host: a kit (sdist + build requirements for that host's Python) and a staged wheelhouse.
+            target = records[group["builder"]]
+            own = platform_label(target) == platform_label(controller)
+            ctrl_deps, ctrl_missing = deps_dir(
+                dest, f"controller-{platform_label(controller)}", build_requirements(requires), None
             )
-    wheels = sorted(f for f in os.listdir(work) if f.endswith(".whl"))
-    if not any(w.startswith(f"meshccl-{version}-") for w in wheels):
-        shutil.rmtree(work, ignore_errors=True)
-        module.fail_json(msg=f"pip built no meshccl-{version} wheel from {source}", wheels=wheels, **result)
-    with open(os.path.join(work, MARK), "w", encoding="utf-8") as f:
-        json.dump({"build": build, "wheels": wheels, "requirements": requirements, "python": sys.executable}, f)
-    shutil.rmtree(path, ignore_errors=True)
-    os.rename(work, path)
-    prune(dest, build)
-    module.exit_json(changed=True, wheels=wheels, seconds=round(time.monotonic() - started, 1), **result)
+            if ctrl_missing:
+                raise BuildError(
+                    f"no wheels of meshccl's build requirements for the controller: {', '.join(ctrl_missing)} "
+                    "(pip download failed; check the controller's package index)"
+                )
+            tarball = sdist(source, build_dir, ctrl_deps)
+            host_deps, host_missing = (
+                (ctrl_deps, []) if own else deps_dir(dest, platform_label(target), build_requirements(requires), target)
+            )
+            kit = os.path.join(build_dir, f"kit-{group['name']}")
+            shutil.rmtree(kit, ignore_errors=True)
+            os.makedirs(kit)
+            for f in [tarball, *(os.path.join(host_deps, w) for w in wheels_in(host_deps))]:
+                shutil.copy2(f, kit)
+            staging = tempfile.mkdtemp(prefix=f".{group['name']}-", dir=build_dir)
+            os.chmod(staging, 0o755)
+            unresolved = download(
+                [*requirements, f"pip=={importlib.metadata.version('pip')}"], staging, None if own else target
+            )
+            with open(os.path.join(staging, PENDING), "w", encoding="utf-8") as f:
+                json.dump({**ctx, "requirements": requirements, "unresolved": unresolved}, f)
+            group.update(kit=kit, staging=staging, index=bool(host_missing), unresolved=unresolved)
+    except BuildError as exc:
+        module.fail_json(msg=str(exc), **exc.details, **result)
+    if not module.check_mode and os.path.isdir(dest):
+        prune(dest, build)
+
+    hosts: dict = {}
+    summary = []
+    for group in groups:
+        for host in group["hosts"]:
+            hosts[host] = {
+                "group": group["name"],
+                "builder": group["builder"],
+                "built_on": group["built_on"],
+                "wheelhouse": group["path"],
+                "ready": group["ready"],
+                "install": host in group["needs"],
+                "build_here": group["build_now"] and group["builder"] == host,
+                "kit": group["kit"],
+                "fetch_to": group["staging"],
+                "index": group["index"],
+                "unresolved": group["unresolved"],
+            }
+        if group["builder"] == CONTROLLER:
+            result["path"], result["wheels"] = group["path"], group["wheels"]
+        who = (
+            "the controller" if group["builder"] == CONTROLLER else f"{group['builder']} (from the source distribution)"
+        )
+        if group["build_now"]:
+            doing = f"{'would build' if module.check_mode else 'building'} on {who}"
+        elif group["ready"]:
+            doing = f"built on {group['built_on'] if group['built_on'] != CONTROLLER else 'the controller'}, cached"
+        else:
+            doing = f"current everywhere; would be built on {who}"
+        needs = f"; to install on {', '.join(group['needs'])}" if group["needs"] and group["hosts"] else ""
+        summary.append(
+            f"{', '.join(group['hosts']) or 'controller'} ({group['platform']}): meshccl {build} {doing}{needs}"
+        )
+    module.exit_json(
+        changed=changed or (module.check_mode and any(g["build_now"] for g in groups)),
+        groups=groups,
+        hosts=hosts,
+        summary=summary,
+        msg="; ".join(summary),
+        seconds=round(time.monotonic() - started, 1),
+        **result,
+    )
 
 
 if __name__ == "__main__":
