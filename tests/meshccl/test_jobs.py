@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import meshccl
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
 
@@ -99,12 +100,26 @@ def single_copy(results) -> list[bool]:
     ]
 
 
+def infos(results) -> list[dict]:
+    """Per rank, Communicator.info() as the "transports" scenario printed it."""
+    assert_all_ok(results)
+    return [json.loads(next(x for x in out.splitlines() if x.startswith("INFO "))[5:]) for _, out, _ in results]
+
+
 def test_ranks_of_one_host_share_memory_and_hosts_talk_tcp(tmp_path):
+    # Single copy where every rank shares the host, in a build that has it (Linux's own: not
+    # macOS, not the forced-portable build, whose ranks copy through shared memory).
+    built = meshccl.build_info()["single_copy"]
     # One host: every pair in shared memory.
     path = h.loopback_hostfile(tmp_path, 4)
     results = h.finish(h.spawn(4, "transports", h.hostfile_env(path)))
     assert transports(results) == [{q: "shm" for q in range(4) if q != r} for r in range(4)]
-    assert single_copy(results) == [True] * 4
+    assert single_copy(results) == [built] * 4
+    for r, info in enumerate(infos(results)):
+        assert info["transport"] == "shm"
+        assert info["transports"] == {str(q): "shm" for q in range(4) if q != r}
+        assert info["single_copy"] is built
+        assert info["build"] == meshccl.build_info()  # the workers run the build this test imported
     # Four hosts in a ring, two ranks each: the host's two ranks share memory, cables are TCP.
     path = h.meshccl_hostfile(tmp_path, RING4, 4, 2)
     distinct_host_ports(path, 2)
@@ -116,12 +131,14 @@ def test_ranks_of_one_host_share_memory_and_hosts_talk_tcp(tmp_path):
         for q, t in links.items():
             assert t == ("shm" if hosts[q] == hosts[r] else "tcp"), (r, q, t, hosts)
         assert "shm" in links.values(), (r, links)
+    assert [info["transport"] for info in infos(results)] == ["shm+tcp"] * 8
     # transport=tcp keeps one host's ranks on loopback TCP.
     path = h.loopback_hostfile(tmp_path, 2)
     env = h.hostfile_env(path)
     results = h.finish(h.spawn(2, "transports", lambda r: {**env(r), "MESHCCL_TRANSPORT": "tcp"}))
     assert transports(results) == [{1: "tcp"}, {0: "tcp"}]
     assert single_copy(results) == [False, False]
+    assert [info["transport"] for info in infos(results)] == ["tcp", "tcp"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="unshare --pid needs root")
@@ -135,8 +152,9 @@ def test_a_rank_in_another_pid_namespace_falls_back_to_copying_through_shared_me
     )
     assert transports(results) == [{1: "shm"}, {0: "shm"}]
     assert single_copy(results) == [False, False]
-    for r, (_, _, err) in enumerate(results):
-        assert f"rank {r}: cannot read rank {1 - r}'s memory" in err, err
+    if meshccl.build_info()["single_copy"]:  # a build without it never tries (and says nothing)
+        for r, (_, _, err) in enumerate(results):
+            assert f"rank {r}: cannot read rank {1 - r}'s memory" in err, err
     assert_all_ok(
         h.finish(h.spawn(2, "sum64", h.hostfile_env(path), wrap=lambda r: ["unshare", "--pid", "--fork"] if r else []))
     )

@@ -4,6 +4,7 @@ environment like any meshccl program. Prints OK on success; on a meshccl error p
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -118,6 +119,7 @@ def main() -> int:
             links = {q: comm.transport(q) for q in range(n) if q != r and comm.transport(q)}
             print("TRANSPORTS " + " ".join(f"{q}:{t}" for q, t in sorted(links.items())), flush=True)
             print(f"SINGLE_COPY {comm.single_copy}", flush=True)
+            print("INFO " + json.dumps(comm.info(), sort_keys=True), flush=True)
         elif scenario == "barrier":
             comm.barrier()
         elif scenario == "allreduce":

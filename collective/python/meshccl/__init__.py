@@ -29,6 +29,7 @@ from meshccl._meshccl import (
     TimeoutError,
 )
 from meshccl._meshccl import Communicator as _Native
+from meshccl._meshccl import build_info as _build_info
 from meshccl._meshccl import make_config as _make_config
 from meshccl.bootstrap import (
     Plan,
@@ -51,6 +52,7 @@ __all__ = [
     "PeerError",
     "Plan",
     "TimeoutError",
+    "build_info",
     "init",
     "plan_from_env",
     "plan_from_meshccl_hostfile",
@@ -77,6 +79,20 @@ DEFAULTS: dict[str, Any] = {
     "single_copy_bytes": 256 << 10,  # all ranks on one host: read peers' buffers directly from here (0: never)
     "log_level": 1,
 }
+
+
+def build_info() -> dict[str, Any]:
+    """What this build of meshccl selected when it was compiled (its platform layer):
+
+    system ("linux", "macos", ...); portable (True: a Linux build forced onto the code paths
+    macOS takes, MESHCCL_PORTABLE, for testing them); single_copy (True: ranks of one host can
+    read each other's buffers, process_vm_readv; else they copy through shared memory);
+    sockets ("accept4": SOCK_CLOEXEC|SOCK_NONBLOCK at creation, "fcntl": set afterwards);
+    sigpipe ("MSG_NOSIGNAL", "SO_NOSIGPIPE+MSG_NOSIGNAL", "SO_NOSIGPIPE" or "sigmask");
+    shm_reserve ("posix_fallocate" or "ftruncate"); shm_name_max (30); crypto (the library);
+    protocol_version; abi_version (the C ABI).
+    """
+    return dict(_build_info())
 
 
 def _op(op: str | int) -> int:
@@ -178,11 +194,26 @@ class Communicator:
         return str(self._native.transport(peer))
 
     @property
+    def transports(self) -> dict[int, str]:
+        """Every linked peer and how this rank reaches it ("shm", "tcp" or "shm+tcp")."""
+        return {peer: self.transport(peer) for peer in range(self.size) if self._native.linked(peer)}
+
+    @property
     def single_copy(self) -> bool:
         """Every peer shares this host and this rank can read its memory: calls from
         ``single_copy_bytes`` up copy each byte once, straight out of the peer's buffer (when
-        every rank can)."""
+        every rank can). Never in a build without single copy (build_info()["single_copy"])."""
         return bool(self._native.single_copy)
+
+    def info(self) -> dict[str, Any]:
+        """What this rank runs on: transport over all its peers ("shm", "tcp", "shm+tcp"; ""
+        alone), transports per peer, single_copy on or off, and the build (build_info())."""
+        return {
+            "transport": str(self._native.transport_summary),
+            "transports": self.transports,
+            "single_copy": self.single_copy,
+            "build": build_info(),
+        }
 
     def all_reduce(self, x: Any, op: str = "sum", out: Any = None, dtype: str | None = None) -> Any:
         """Reduces x over all ranks into out (default: x itself, in place); returns the result."""

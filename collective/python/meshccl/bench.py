@@ -184,6 +184,14 @@ def bench(args: argparse.Namespace) -> int:
     print(
         f"# Using devices: {n} ranks ({comm.plan.source}), rank 0 pid {os.getpid()} on {socket.gethostname()}", file=out
     )
+    info = comm.info()
+    build = info["build"]
+    print(
+        f"# Transport: {info['transport'] or 'none'}, single copy {'on' if info['single_copy'] else 'off'}"
+        f" (build: {build['system']}{', portable' if build['portable'] else ''},"
+        f" single copy {'built' if build['single_copy'] else 'not built'})",
+        file=out,
+    )
     print("#", file=out)
     head = f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5}"
     half = f" {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"

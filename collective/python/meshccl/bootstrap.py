@@ -443,7 +443,7 @@ def claim_line(
 ) -> bytes:
     proof = claim_proof(token, job_id, server_nonce, client_nonce, rank, size, address, port, host)
     fields = (rank, size, client_nonce, address, port, host, proof)
-    return _canonical(dict(zip(_CLAIM_FIELDS, fields, strict=True))) + b"\n"
+    return _canonical(dict(zip(_CLAIM_FIELDS, fields))) + b"\n"  # as many fields as names (no strict=: 3.9)
 
 
 def parse_claim(line: bytes, *, size: int, token: str, job_id: str, server_nonce: str) -> Claim | str:
