@@ -447,7 +447,7 @@ def builder_problems(group: dict, records: dict[str, dict], controller: dict) ->
 
 
 def pip_platforms(record: dict) -> list[str]:
-    """pip download --platform tags for a host (pip widens them: older manylinux, older macOS)."""
+    """pip download --platform tags for a host: its own and every older one its wheels may carry."""
     machine = record.get("machine") or ""
     if record.get("system") == "Darwin":
         parts = version_tuple(record.get("os_version")) or (11, 0)
@@ -456,8 +456,11 @@ def pip_platforms(record: dict) -> list[str]:
         return [f"macosx_{major}_{minor}_{arch}"]
     libc = record.get("libc") or {}
     version = version_tuple(libc.get("version"))
-    if libc.get("name") == "glibc" and len(version) >= 2:
-        return [f"manylinux_{version[0]}_{version[1]}_{machine}"]
+    if libc.get("name") == "glibc" and len(version) >= 2 and version[0] == 2:
+        # pip widens macOS tags itself, not manylinux ones: every glibc from the host's down to 2.17.
+        tags = [f"manylinux_2_{minor}_{machine}" for minor in range(version[1], 16, -1)]
+        legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+        return tags + [f"{name}_{machine}" for minor, name in legacy.items() if minor <= version[1]]
     return []
 
 

@@ -233,8 +233,6 @@ def download(specs: list[str], dest: str, target: dict | None = None) -> list[st
         *(x for p in platforms for x in ("--platform", p)),
     ]
     env = marker_environment(target)
-    if HAS_PACKAGING:
-        env = {**default_environment(), **env, "extra": ""}
     queue, seen, missing = list(specs), set(), []
     while queue:
         spec = queue.pop(0)
@@ -251,17 +249,27 @@ def download(specs: list[str], dest: str, target: dict | None = None) -> list[st
             w for w in wheels_in(dest) if wheel_name(w) == name
         ]
         for wheel in new[:1]:
-            for dep in requires_of(os.path.join(dest, wheel)):
-                if not HAS_PACKAGING:
-                    continue
-                try:
-                    req = Requirement(dep)
-                except InvalidRequirement:
-                    continue
-                if req.marker is None or req.marker.evaluate(env):
-                    req.marker = None
-                    queue.append(str(req))
+            queue.extend(wanted(requires_of(os.path.join(dest, wheel)), env))
     return missing
+
+
+def wanted(requires: list[str], env: dict[str, str]) -> list[str]:
+    """The Requires-Dist entries that apply on a host with these PEP 508 marker values (no extras),
+    without their markers. Without the packaging library, every entry without a marker."""
+    out = []
+    for dep in requires:
+        if not HAS_PACKAGING:
+            if ";" not in dep:
+                out.append(dep.strip())
+            continue
+        try:
+            req = Requirement(dep)
+        except InvalidRequirement:
+            continue
+        if req.marker is None or req.marker.evaluate({**default_environment(), **env, "extra": ""}):
+            req.marker = None
+            out.append(str(req))
+    return out
 
 
 def _name(spec: str) -> str:
