@@ -895,14 +895,20 @@ def watchdog(agent: int, read_fd: int, mark: str, log_fd: int | None, portable: 
     groups: set[int] = set()
     in_order = False
     parent_gone = False
+    look_at = time.monotonic() + PARENT_POLL
     pending = b""
     while True:
-        if job is not None and not select.select([read_fd], [], [], PARENT_POLL)[0]:
-            if not parent_gone and os.getppid() != parent:
-                parent_gone = True
-                _log(log_fd, f"the connection's process (pid {parent}) is gone: stopping the job")
-                _forward(agent, signal.SIGTERM)
-            continue
+        if job is not None:
+            # Its parent looked at every PARENT_POLL seconds, whatever comes through the pipe.
+            ready = select.select([read_fd], [], [], max(0.0, look_at - time.monotonic()))[0]
+            if time.monotonic() >= look_at:
+                look_at = time.monotonic() + PARENT_POLL
+                if not parent_gone and os.getppid() != parent:
+                    parent_gone = True
+                    _log(log_fd, f"the connection's process (pid {parent}) is gone: stopping the job")
+                    _forward(agent, signal.SIGTERM)
+            if not ready:
+                continue
         try:
             chunk = os.read(read_fd, 4096)
         except OSError:
@@ -1020,6 +1026,7 @@ class Agent:
         self.job_procs: PortableJob | None = None  # the portable mode's view of the job's processes
         self.tracked_at = 0.0  # when the portable mode last looked at the job's processes
         self.tracking = False
+        self.stop_requested = False  # the portable mode: a signal asked to stop (the main loop stops)
 
     # --- talking to the controller ------------------------------------------------------------
 
@@ -1259,6 +1266,7 @@ class Agent:
         self.send(t="out", r=rank.rank, d=chunk.decode("utf-8", "surrogateescape"))
 
     def stop(self) -> None:
+        self.stop_requested = False
         if self.stopping_since is not None:
             return
         # The portable mode: everything of the job there now is known before the ranks' groups are
@@ -1379,7 +1387,7 @@ class Agent:
         re-parented to init/launchd is still known as the job's (PortableJob)."""
         if self.job_procs is None or self.tracking:
             return
-        self.tracking = True  # a signal handler's stop() must not look while a look is under way
+        self.tracking = True
         try:
             self.tracked_at = time.monotonic()
             seen = self.job_procs.track(self.live_groups(), trust_groups=True)
@@ -1485,6 +1493,8 @@ class Agent:
         self.flush()
         self.handle_lines()  # lines that came in with the job line
         while not all(r.reported for r in self.ranks):
+            if self.stop_requested:
+                self.stop()
             for key, _events in self.sel.select(TAIL_POLL):
                 if key.data is None:
                     self.on_input()
@@ -1531,7 +1541,12 @@ def main() -> int:
     agent = Agent()
 
     def _stop(_sig: int, _frame: object) -> None:
-        agent.stop()
+        if agent.portable:
+            # Stopped from the main loop: it looks at the job first (ps), which a handler must not do
+            # while the main loop may be in the middle of a look.
+            agent.stop_requested = True
+        else:
+            agent.stop()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, _stop)

@@ -37,6 +37,8 @@ FAMILY = HERE / "programs_agent" / "family.py"
 FIXTURES = HERE.parent / "fixtures" / "macos_ps"
 ROLES = ("child", "grandchild", "group-orphan", "daemon", "leader", "leader-kid", "pgid-leaver")
 LINUX = sys.platform.startswith("linux")
+# The agent runs under whatever Python a host has (stock macOS: 3.9): MESHKIT_TEST_AGENT_PYTHON picks it.
+AGENT_PYTHON = os.environ.get("MESHKIT_TEST_AGENT_PYTHON") or sys.executable
 
 # Put in front of the launcher's bootstrap: records, in the file $MESHKIT_TEST_AUDIT, every /proc
 # path the agent (or its watchdog, a fork of it) opens or lists and every ctypes call (prctl).
@@ -103,7 +105,7 @@ class Job:
         env["MESHKIT_TEST_AUDIT"] = str(self.audit)
         if portable:
             env[launch_agent.PORTABLE_ENV] = "1"
-        agent = [sys.executable, "-u", "-c", AUDIT + BOOTSTRAP]
+        agent = [AGENT_PYTHON, "-u", "-c", AUDIT + BOOTSTRAP]
         read_fd, self.write_fd = os.pipe()
         if wrapped:
             go_between = "import subprocess, sys; sys.exit(subprocess.Popen(sys.argv[1:]).wait())"
@@ -231,11 +233,17 @@ def nothing_left(job: Job, strangers: list[subprocess.Popen], within: float = 15
     watchdog never touched /proc or ctypes."""
     everything = job.everything()
     assert len(everything) == job.ranks * (len(ROLES) + 1), everything
-    took = wait_for(
-        f"nothing of the job left: {[k for k, pid in everything.items() if alive(pid)]}",
-        lambda: not any(alive(pid) for pid in everything.values()) and not job.marked(),
-        within,
-    )
+
+    def done() -> bool:
+        return not any(alive(pid) for pid in everything.values()) and not job.marked()
+
+    started = time.monotonic()
+    while not done():
+        if time.monotonic() - started > within:
+            left = [k for k, pid in everything.items() if alive(pid)]
+            pytest.fail(f"still there after {within:g} s: {left}; agent.log:\n{job.agent_log()}")
+        time.sleep(0.02)
+    took = time.monotonic() - started
     for proc in strangers:
         assert proc.poll() is None, f"a process that is not the job's was signalled: {proc.args}"
     assert job.audit.read_text() == "", f"the portable mode used /proc or ctypes:\n{job.audit.read_text()}"
@@ -363,7 +371,7 @@ def test_a_stop_leaves_nothing_of_the_job(job: Callable[..., Job], strangers: li
     assert exits[0]["sig"] == signal.SIGTERM and exits[1]["sig"] == signal.SIGKILL  # rank 1 ignores SIGTERM
     assert one.finish() == 0
     assert "processes found through ps only" in one.agent_log()
-    assert "watchdog killed" not in one.agent_log()  # the agent ended in order: nothing left for it
+    assert "watchdog killed" not in one.agent_log(), one.agent_log()  # it ended in order: nothing left for it
     print(f"stop to nothing left: {took:.2f} s after the agent's bye")
 
 
@@ -394,7 +402,7 @@ def test_the_end_of_the_connection_leaves_nothing_of_the_job(
     ended = time.monotonic() - closed_at
     nothing_left(one, strangers, within=0.5)  # already so when the agent has ended
     assert "end of input from the controller: stopping every rank" in one.agent_log()
-    assert "watchdog killed" not in one.agent_log()
+    assert "watchdog killed" not in one.agent_log(), one.agent_log()
     print(f"end of input to the agent's exit, nothing of the job left: {ended:.2f} s")
 
 
@@ -413,7 +421,7 @@ def test_a_connection_whose_process_dies_leaves_nothing_of_the_job(
     wait_for("the watchdog gone", lambda: not alive(watchdog))
     log = one.agent_log()
     assert f"the connection's process (pid {one.proc.pid}) is gone: stopping the job" in log, log
-    assert "watchdog killed" not in log  # the agent stopped the job itself and ended in order
+    assert "watchdog killed" not in log, log  # the agent stopped the job itself and ended in order
     print(f"connection's process killed to nothing left: {took:.2f} s")
 
 
