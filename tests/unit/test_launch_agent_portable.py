@@ -372,7 +372,7 @@ def test_a_stop_leaves_nothing_of_the_job(job: Callable[..., Job], strangers: li
     assert one.finish() == 0
     assert "processes found through ps only" in one.agent_log()
     assert "watchdog killed" not in one.agent_log(), one.agent_log()  # it ended in order: nothing left for it
-    print(f"stop to nothing left: {took:.2f} s after the agent's bye")
+    print(f"stop: nothing left at the first check after the agent's bye ({took:.2f} s, its ps runs included)")
 
 
 def test_a_killed_agent_leaves_nothing_of_the_job(job: Callable[..., Job], strangers: list[subprocess.Popen]) -> None:
