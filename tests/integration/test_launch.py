@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.meshkit.cluster.plugins.module_utils import meshccl_build
 
 from meshkit import launch_fast
 from meshkit.lab_spec import HOST_MGMT_PORT
@@ -45,11 +46,49 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, P
     try:
         built = handle.up()
         assert built.rc == 0, built.output
+        # node3 and node4 build meshccl on a host (their group's first: node3), from the sdist; node1 and node2
+        # get the controller's wheel. The lab's hosts all match the controller, so only this inventory option
+        # makes a host-built group here; its cached wheelhouse is dropped so that node3 really builds.
+        inventory = yaml.safe_load(handle.inventory.read_text())
+        for node in HOST_BUILT:
+            inventory["all"]["children"]["cluster"]["hosts"][node]["meshkit_meshccl_build_on"] = "group"
+        handle.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+        drop_host_built_wheelhouses()
         run = run_playbook("setup.yml", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory))
+        (artifacts / "setup-output.txt").write_text(run.output)
         assert run.rc == 0, run.output
         yield handle, artifacts
     finally:
         drop_lab(handle)
+
+
+HOST_BUILT = ("node3", "node4")
+WHEEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "meshkit" / "meshccl-wheels"
+
+
+def current_build() -> str:
+    """The build id setup.yml computes (the controller's Python, this one, pins numpy)."""
+    return meshccl_build.build_id(str(REPO / "collective"), meshccl_build.pinned(["numpy"]))
+
+
+def drop_host_built_wheelhouses() -> None:
+    """The controller's cached wheelhouses of the current sources that hosts built (its own are kept)."""
+    for path in (WHEEL_CACHE / current_build()).glob("*"):
+        if path.is_dir() and not path.name.startswith(("controller-", "sdist", "kit-", ".")):
+            shutil.rmtree(path)
+
+
+def installed_record(handle: LabHandle, host: str) -> dict[str, Any]:
+    """meshccl's install record in ``host``'s own environment (its /var/lib/meshkit is its own)."""
+    pid = holders(handle)[host]
+    return json.loads(sh("nsenter", "-t", str(pid), "-m", "--", "cat", f"{VENV}/meshkit-meshccl.json").stdout)
+
+
+def task_lines(output: str, task: str) -> list[str]:
+    """The sorted per-host lines of one task of a play's output."""
+    found = re.search(rf"TASK \[{re.escape(task)}[^\n]*\n(.*?)\n\n", output, re.S)
+    assert found is not None, output
+    return sorted(line for line in found.group(1).splitlines() if line.startswith(("ok:", "changed:", "skipping:")))
 
 
 def launch(lab: tuple[LabHandle, Path], **variables: Any) -> tuple[int, str, dict[str, Any] | None]:
@@ -181,6 +220,45 @@ def test_discovery_as_the_login_user_finds_every_cable_from_empty_neighbour_tabl
             assert mine["seen"] == [peer["ident"]], (where, mine, link)
 
 
+def test_meshccl_built_on_a_host_from_the_sdist_for_two_hosts_and_by_the_controller_for_two(lab):
+    """setup.yml grouped node3 and node4 apart (meshkit_meshccl_build_on: group), made meshccl's source
+    distribution, had node3 build the wheel from it with no package index, fetched the wheel into the
+    controller's cache and installed it on node3 and node4; node1 and node2 got the controller's own wheel."""
+    handle, artifacts = lab
+    output = (artifacts / "setup-output.txt").read_text()
+    flat = " ".join(output.split())  # the YAML callback wraps long lines
+    # The build setup.yml installed (the sources' id then; they may have been edited since).
+    build = installed_record(handle, "node1")["build"]
+    group = "linux-x86_64-cp311-glibc2.36"
+    # The controller's wheel may be in its cache from an earlier run of the same sources.
+    assert re.search(rf"node1, node2 \(\S+\): meshccl {build} (building on|built on) the controller", flat), output
+    assert f"node3, node4 ({group}): meshccl {build} building on node3 (from the source distribution)" in flat, output
+    built = task_lines(output, "meshkit.cluster.meshccl : Build meshccl's wheel on this host from the source")
+    assert built == ["changed: [node3]", "skipping: [node1]", "skipping: [node2]", "skipping: [node4]"], built
+    fetched = task_lines(output, "meshkit.cluster.meshccl : Fetch the built wheel into the group's wheelhouse")
+    assert fetched == ["changed: [node3]", "skipping: [node1]", "skipping: [node2]", "skipping: [node4]"], fetched
+    installed = task_lines(output, "meshkit.cluster.meshccl : Install the wheels into the virtual environment")
+    assert installed == [f"changed: [node{i}]" for i in range(1, 5)], installed
+    # The controller's cache holds the group's wheelhouse, marked as node3's; the hosts' records agree.
+    house = WHEEL_CACHE / build / group
+    mark = json.loads((house / "meshkit-wheelhouse.json").read_text())
+    assert mark["built_on"] == "node3" and mark["build"] == build, mark
+    (host_wheel,) = house.glob("meshccl-*.whl")
+    (ctrl_wheel,) = next((WHEEL_CACHE / build).glob("controller-*")).glob("meshccl-*.whl")
+    digest = {w: hashlib.sha256(w.read_bytes()).hexdigest() for w in (host_wheel, ctrl_wheel)}
+    assert digest[host_wheel] != digest[ctrl_wheel]  # two builds: node3's and the controller's
+    records = {host: installed_record(handle, host) for host in ("node1", "node2", "node3", "node4")}
+    for host, record in records.items():
+        wheel = host_wheel if host in HOST_BUILT else ctrl_wheel
+        assert record["build"] == build, (host, record)  # one build id everywhere: same sources
+        assert record["built_on"] == ("node3" if host in HOST_BUILT else "controller"), (host, record)
+        assert record["sha256"][wheel.name] == digest[wheel], (host, record)
+    # node3 left no build directory behind; no host keeps a copied wheelhouse.
+    for host, pid in holders(handle).items():
+        left = sh("nsenter", "-t", str(pid), "-m", "--", "ls", "-A", "/var/lib/meshkit/meshccl-wheels", check=False)
+        assert left.stdout.split() == [], (host, left.stdout)
+
+
 def test_meshccl_all_reduce_on_4_hosts_x_2_ranks(lab):
     # A bare "python3": the launch puts each host's own meshccl environment first on PATH.
     rc, output, summary = launch(
@@ -205,6 +283,10 @@ def test_meshccl_all_reduce_on_4_hosts_x_2_ranks(lab):
     installs = dict(re.findall(r"^\[\d+\|(\S+)\] meshccl from (\S+ inode \S+)$", output, re.M))
     assert len(installs) == 4 and len(set(installs.values())) == 4, installs
     assert all(v.startswith(f"{VENV}/lib/") for v in installs.values()), installs
+    # The job spans both kinds of install: the controller's wheel (node1, node2) and node3's (node3, node4).
+    handle, _ = lab
+    built_on = {host: installed_record(handle, host)["built_on"] for host in installs}
+    assert built_on == {"node1": "controller", "node2": "controller", "node3": "node3", "node4": "node3"}, built_on
     # The token reaches the ranks but no log and no summary; job.json names it, its value hidden
     # (test_meshkit_launch_keeps_the_token_and_secrets_out_... looks for the value itself).
     log_dir = Path(summary["log_dir"])
@@ -223,15 +305,17 @@ def test_launch_installs_meshccl_where_it_is_missing(lab):
     )
     assert rc == 0, output
     assert summary is not None and summary["ok"], summary
-    # Only node3 got the wheelhouse and an install; the other hosts' builds were current.
-    task = re.search(r"TASK \[meshkit\.cluster\.meshccl : Install the wheels[^\n]*\n(.*?)\n\n", output, re.S)
-    assert task is not None, output
-    assert sorted(task.group(1).splitlines()) == [
+    # Only node3 got the wheelhouse and an install; the other hosts' builds were current. Its group's wheel
+    # (built on node3 by setup.yml) came from the controller's cache: nothing was built again.
+    assert task_lines(output, "meshkit.cluster.meshccl : Install the wheels") == [
         "changed: [node3]",
         "skipping: [node1]",
         "skipping: [node2]",
         "skipping: [node4]",
-    ], task.group(1)
+    ], output
+    rebuilt = task_lines(output, "meshkit.cluster.meshccl : Build meshccl's wheel on this host")
+    assert rebuilt == [f"skipping: [node{i}]" for i in range(1, 5)], rebuilt
+    assert installed_record(handle, "node3")["built_on"] == "node3"
     # meshccl-bench (found on PATH in node3's fresh install) printed rank 0's table.
     assert re.search(r"^\[0\|\S+\] +4096 +1024 +float32 +sum", output, re.M), output
     listing = sh("nsenter", "-t", str(node3), "-m", "--", "ls", f"{VENV}/bin").stdout.split()
