@@ -536,6 +536,9 @@ class Launcher:
                 "host_timeout": self.host_timeout,
                 "heartbeat": self.heartbeat,
             }
+            if os.environ.get("MESHKIT_AGENT_PORTABLE") == "1":
+                # Linux agents on macOS's way of finding a job's processes (ps only; docs/launch.md).
+                payload["portable"] = True
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 os.set_blocking(stream.fileno(), False)
             for stream in (proc.stdout, proc.stderr):
