@@ -535,8 +535,7 @@ def main() -> None:
         module.fail_json(
             msg="meshccl cannot be installed; nothing was built or changed:\n  - " + "\n  - ".join(problems),
             problems=problems,
-            groups=groups,
-            **result,
+            build=build,
         )
 
     started = time.monotonic()
