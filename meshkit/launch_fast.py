@@ -313,6 +313,8 @@ def prepare(
             raise Stale(f"{host}: {why}")
     meshccl = context.get("meshccl")
     if settings_given.get("runtime") == "meshccl" and meshccl:
+        # The build id hashes the sources and requested requirements only, not the platform: every host
+        # records the same id whether its wheel was built on the controller or on a host of its group.
         current = meshccl_build.build_id(meshccl["source"], meshccl_build.pinned(meshccl.get("requested") or []))
         if current != meshccl.get("build"):
             raise Stale(f"meshccl's sources changed (build {current}); the hosts need it installed")
