@@ -142,6 +142,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils.meshccl_build import (
@@ -309,8 +310,7 @@ def deps_dir(dest: str, label: str, specs: list[str], target: dict | None) -> tu
     missing = download(specs, work, target)
     with open(os.path.join(work, MARK), "w", encoding="utf-8") as f:
         json.dump({"specs": specs, "missing": missing, "wheels": wheels_in(work)}, f)
-    shutil.rmtree(path, ignore_errors=True)
-    os.rename(work, path)
+    publish(work, path)
     return path, missing
 
 
@@ -352,12 +352,25 @@ def sdist(source: str, build_dir: str, deps: str) -> str:
         if proc.returncode != 0:
             raise BuildError("making meshccl's source distribution (scikit-build-core build_sdist) failed", proc)
         os.chmod(work, 0o755)
-        shutil.rmtree(out, ignore_errors=True)
-        os.rename(work, out)
+        publish(work, out, complete=lambda d: any(f.endswith(".tar.gz") for f in os.listdir(d)))
     finally:
         shutil.rmtree(unpacked, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return os.path.join(out, next(f for f in os.listdir(out) if f.endswith(".tar.gz")))
+
+
+def publish(work: str, path: str, complete: Callable[[str], bool] | None = None) -> None:
+    """Move a finished ``work`` directory to ``path``. An incomplete ``path`` (an interrupted run) is
+    replaced; a complete one (another run finished the same thing first) is kept and ``work`` dropped."""
+    done = complete or (lambda d: os.path.isfile(os.path.join(d, MARK)))
+    if os.path.isdir(path) and not done(path):
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.rename(work, path)
+    except OSError:
+        if not (os.path.isdir(path) and done(path)):
+            raise
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def prune(dest: str, keep: str) -> None:
@@ -432,8 +445,7 @@ def build_here(source: str, path: str, version: str, requirements: list[str], de
                 "python": sys.executable,
             },
         )
-        shutil.rmtree(path, ignore_errors=True)
-        os.rename(work, path)
+        publish(work, path)
         return wheels
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -457,8 +469,7 @@ def finish(module: AnsibleModule, dest: str, groups: list[dict], version: str) -
             pending = json.load(f)
         os.remove(os.path.join(staging, PENDING))
         write_mark(staging, {**pending, "wheels": wheels, "built_on": group["builder"]})
-        shutil.rmtree(path, ignore_errors=True)
-        os.rename(staging, path)
+        publish(staging, path)
         shutil.rmtree(group.get("kit") or "", ignore_errors=True)
         done[group["name"]] = {"path": path, "wheels": wheels, "built_on": group["builder"]}
         changed = True
