@@ -42,6 +42,10 @@ set(CMAKE_USER_MAKE_RULES_OVERRIDE "${CMAKE_CURRENT_LIST_DIR}/zig-macos-rules.cm
 set(_meshccl_cc "${CMAKE_CURRENT_LIST_DIR}/zig-macos-cc")
 set(CMAKE_C_COMPILER "${_meshccl_cc}" "${MESHCCL_ZIG}" cc "${MESHCCL_ZIG_TARGET}")
 set(CMAKE_CXX_COMPILER "${_meshccl_cc}" "${MESHCCL_ZIG}" c++ "${MESHCCL_ZIG_TARGET}")
+# CMake's compiler checks compile static libraries instead of linking executables: every link needs zig's
+# libc++ built for the target and optimization level (a minute or more each), and only the real links
+# should pay for it.
+set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)
 # Archives in the BSD (Darwin) format, made and indexed by zig's own ar and ranlib (zig is multi-call:
 # the rules name zig and the tool). CMake's install step runs CMAKE_RANLIB FILE on a static library for
 # Apple targets, so CMAKE_RANLIB is a one-line script calling zig ranlib, written into the build tree.
