@@ -57,7 +57,7 @@ def read_image(data: bytes, name: str) -> Image:
     image = Image(cputype, filetype)
     symbols: list[tuple[str, int, int]] = []
     off = 32
-    for _ in range(ncmds):
+    for _cmd in range(ncmds):
         cmd, size = struct.unpack_from("<2I", data, off)
         if cmd in (LC_LOAD_DYLIB, LC_LOAD_WEAK_DYLIB, LC_REEXPORT_DYLIB, LC_ID_DYLIB):
             (str_off,) = struct.unpack_from("<I", data, off + 8)
@@ -157,7 +157,7 @@ class Checker:
 
     def core(self, path: Path) -> None:
         members = archive_members(path.read_bytes())
-        index = any(name.startswith("__.SYMDEF") for name, _ in members)
+        index = any(name.startswith("__.SYMDEF") for name, _body in members)
         objects = [(name, body) for name, body in members if not name.startswith("__.SYMDEF")]
         for name, body in objects:
             try:
