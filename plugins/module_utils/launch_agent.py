@@ -723,7 +723,7 @@ def ps_table(environment: bool = False) -> dict[int, Proc] | None:
     except OSError:
         return None
     try:
-        out, _ = proc.communicate(timeout=10)
+        out = proc.communicate(timeout=10)[0]
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
