@@ -347,7 +347,12 @@ def test_under_torchrun_the_token_in_its_environment_reaches_every_worker_and_no
     done = torchrun(3, {"MESHCCL_TOKEN": secrets.token_hex(32)})
     assert done.returncode == 0 and done.stdout.count("OK") == 3, done.stdout + done.stderr
     done = torchrun(2, {})
-    assert done.returncode != 0 and done.stdout.count("ERROR AuthError") == 2, done.stdout + done.stderr
+    assert done.returncode != 0 and "OK" not in done.stdout.splitlines(), done.stdout + done.stderr
+    # torchrun stops the other workers (SIGTERM) as soon as one fails, so on a busy machine a rank
+    # can be stopped before it reports: every rank either refused for the token or was stopped.
+    refused = set(re.findall(r"ERROR AuthError: rank (\d) of 2: no job token", done.stdout))
+    stopped = set(re.findall(r"rank\s*: (\d) \(local_rank: \d\)\n\s*exitcode\s*: -15", done.stdout + done.stderr))
+    assert refused and refused | stopped == {"0", "1"}, done.stdout + done.stderr
     assert "export MESHCCL_TOKEN=" in done.stdout and "torchrun passes its environment" in done.stdout, done.stdout
 
 
