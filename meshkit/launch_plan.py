@@ -35,6 +35,9 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import (
 from cerberus import Validator
 
 RUNTIMES = ("meshccl", "mlx", "torch", "mpi", "plain")
+# The runtimes whose ranks get meshccl's hostfile of the job (MESHCCL_RANK, MESHCCL_WORLD_SIZE,
+# MESHCCL_HOSTFILE): meshccl's own, and torch's, for the "meshccl" process-group backend.
+MESHCCL_HOSTFILE_RUNTIMES = ("meshccl", "torch")
 
 # What a secret's value is shown as, wherever the environment is displayed or written.
 HIDDEN = "<hidden>"
@@ -232,7 +235,16 @@ def build(
     ports: dict[str, list[list[Any]]] = {h: [] for h in order}
     notes: list[str] = []
 
-    if runtime == "meshccl":
+    if runtime in MESHCCL_HOSTFILE_RUNTIMES:
+        # torch too: a program that calls init_process_group("meshccl") (or meshccl.init()) under
+        # torch's variables then connects over every cable as planned, not through a rendezvous on
+        # the management network. Its ranks are torch's: RANK and MESHCCL_RANK are the same number.
+        if runtime == "torch" and meshccl_port <= master_port < meshccl_port + per_host:
+            raise LaunchError(
+                f"meshkit_master_port {master_port} (torch's store, on {order[0]}) is one of meshccl's ports "
+                f"{meshccl_port}-{meshccl_port + per_host - 1} (meshkit_meshccl_port {meshccl_port}, one per rank "
+                "of a host); set meshkit_master_port or meshkit_meshccl_port so that they do not overlap"
+            )
         doc = hostfiles.meshccl_hostfile(plan, ssh, per_host, meshccl_port, cluster, fp)
         text = hostfiles.dumps(doc)
         for h in order:
@@ -243,7 +255,7 @@ def build(
                 addresses.append("127.0.0.1")
             for address in addresses:
                 ports[r["host"]].append([address, r["port"], f"meshccl rank {r['rank']}"])
-    elif runtime == "mlx":
+    if runtime == "mlx":
         backend = plan.get("backend") or "ring"
         if backend == "ring":
             if not hostfiles.has_full_ring(plan) and len(order) > 1:
@@ -268,7 +280,7 @@ def build(
                 files[h]["mlx-ibv-devices.json"] = text
             ports[order[0]].append(["0.0.0.0", mlx_port, "JACCL coordinator"])
     elif runtime == "torch":
-        ports[order[0]].append(["0.0.0.0", master_port, "torch MASTER_PORT (rank 0's store)"])
+        ports[order[0]].insert(0, ["0.0.0.0", master_port, "torch MASTER_PORT (rank 0's store)"])
 
     marked = list(settings.get("secret_env") or [])
     user_env = dict(settings.get("env") or {})
@@ -289,13 +301,7 @@ def build(
             # Ranks' output is read through a pipe; without this Python holds it in 8 KiB blocks.
             "PYTHONUNBUFFERED": "1",
         }
-        if runtime == "meshccl":
-            env |= {
-                "MESHCCL_RANK": str(r["rank"]),
-                "MESHCCL_WORLD_SIZE": str(world),
-                "MESHCCL_HOSTFILE": f"{job_dir}/meshccl.json",
-            }
-        elif runtime == "mlx":
+        if runtime == "mlx":
             env["MLX_RANK"] = str(r["rank"])
             env["MLX_WORLD_SIZE"] = str(world)
             if (plan.get("backend") or "ring") == "ring":
@@ -319,6 +325,12 @@ def build(
             # uses; point-to-point cables reach only the hosts they join, the management network
             # reaches all (as for Gloo).
             env["OMPI_MCA_btl_tcp_if_include"] = ",".join(sorted(set(filter(None, management_interface.values()))))
+        if runtime in MESHCCL_HOSTFILE_RUNTIMES:
+            env |= {
+                "MESHCCL_RANK": str(r["rank"]),
+                "MESHCCL_WORLD_SIZE": str(world),
+                "MESHCCL_HOSTFILE": f"{job_dir}/meshccl.json",
+            }
         env |= user_env
         spec = {"argv": list(settings["program"]), "env": env, "cwd": settings.get("cwd")}
         if (bin_dirs or {}).get(host) and "PATH" not in env:

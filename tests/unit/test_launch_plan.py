@@ -246,6 +246,10 @@ def test_torch_env_master_nccl_and_gloo_interface(ring: dict[str, Any]) -> None:
         "GLOO_SOCKET_IFNAME": "mgmt0",
         "NNODES": "4",
         "NPROC_PER_NODE": "2",
+        # meshccl's hostfile of the job, for init_process_group("meshccl"): torch's rank numbers
+        "MESHCCL_RANK": "5",
+        "MESHCCL_WORLD_SIZE": "8",
+        "MESHCCL_HOSTFILE": f"{JOB_DIR}/meshccl.json",
     }
     assert not any(k.startswith("NCCL_") for k in job.ranks[0]["env"])  # node1 has no NCCL settings
     # One builder: a rank's environment is its host's torch.env (as setup.yml writes it, with the
@@ -256,12 +260,74 @@ def test_torch_env_master_nccl_and_gloo_interface(ring: dict[str, Any]) -> None:
     written = {k: v.strip("'") for k, v in (line.split("=", 1) for line in files["torch.env"].splitlines()[3:])}
     assert written == {k: v for k, v in rank5.items() if k not in ("RANK", "LOCAL_RANK", "PYTHONUNBUFFERED")
                        and not k.startswith(("MESHKIT_", "MESHCCL_"))}  # fmt: skip
-    assert all("MESHCCL_RANK" not in r["env"] for r in job.ranks)
-    assert job.files == {h: {} for h in ORDER}
-    assert job.ports == {"node1": [["0.0.0.0", 29555, "torch MASTER_PORT (rank 0's store)"]]} | {
-        h: [] for h in ORDER[1:]
+    assert set(job.files) == set(ORDER) and all(set(files) == {"meshccl.json"} for files in job.files.values())
+    # The store's port first, then meshccl's listening addresses (every cable end and loopback per rank).
+    assert job.ports["node1"][0] == ["0.0.0.0", 29555, "torch MASTER_PORT (rank 0's store)"]
+    assert job.ports == {
+        h: ([job.ports["node1"][0]] if h == "node1" else []) + meshccl_ports(ring, 2)[h] for h in ORDER
     }
     assert job.notes == []
+
+
+def meshccl_ports(plan: dict[str, Any], per_host: int, **given: Any) -> dict[str, list[list[Any]]]:
+    """The ports a meshccl job of the same shape must have free."""
+    return plan_job(plan, runtime="meshccl", ranks_per_host=per_host, **given).ports
+
+
+@pytest.mark.parametrize("shape", ["ring", "mesh"])
+@pytest.mark.parametrize("per_host", [1, 2, 3])
+def test_torch_ranks_get_meshccls_hostfile_with_torchs_rank_numbers(shape: str, per_host: int) -> None:
+    """Under `meshkit launch -r torch` a rank's MESHCCL_RANK is its RANK, and the job's meshccl.json (the
+    same file a meshccl job of that shape gets) puts that rank on the rank's own host as its LOCAL_RANK:
+    so meshccl, reading its hostfile first, is the same rank of the same world as torch."""
+    plan = plan_of(RING if shape == "ring" else MESH, 4)
+    job = plan_job(plan, runtime="torch", ranks_per_host=per_host, meshccl_port=31000, master_port=29555)
+    same_shape = plan_job(plan, runtime="meshccl", ranks_per_host=per_host, meshccl_port=31000)
+    assert job.files == same_shape.files
+    doc = json.loads(job.files[job.hosts()[0]]["meshccl.json"])
+    assert doc["world_size"] == job.world_size == 4 * per_host
+    entries = {e["rank"]: e for e in doc["ranks"]}
+    for r in job.ranks:
+        env = r["env"]
+        assert env["MESHCCL_RANK"] == env["RANK"] == str(r["rank"])
+        assert env["MESHCCL_WORLD_SIZE"] == env["WORLD_SIZE"] == str(job.world_size)
+        assert env["MESHCCL_HOSTFILE"] == f"{JOB_DIR}/meshccl.json"
+        entry = entries[r["rank"]]
+        assert (entry["host"], str(entry["local_rank"]), str(entry["node_rank"])) == (
+            r["host"],
+            env["LOCAL_RANK"],
+            env["NODE_RANK"],
+        )
+        assert entry["port"] == 31000 + int(env["LOCAL_RANK"])
+        # the job token: every rank gets one, planned hidden, the launcher puts a fresh one in
+        assert env["MESHCCL_TOKEN"] == "<hidden>"
+    assert job.secret_env == ["MESHCCL_TOKEN"]
+    assert [r["host"] for r in job.ranks] == [e["host"] for e in doc["ranks"]]
+    # every planned meshccl listener is checked free by the preflight, besides the store's port
+    for host in job.hosts():
+        assert [p for p in job.ports[host] if p[2].startswith("meshccl")] == same_shape.ports[host]
+
+
+@pytest.mark.parametrize(("master", "meshccl", "per_host"), [(29600, 29600, 1), (29601, 29600, 2), (29503, 29500, 4)])
+def test_torch_store_port_on_a_meshccl_port_is_refused(
+    ring: dict[str, Any], master: int, meshccl: int, per_host: int
+) -> None:
+    with pytest.raises(LaunchError) as err:
+        plan_job(ring, runtime="torch", ranks_per_host=per_host, master_port=master, meshccl_port=meshccl)
+    last = meshccl + per_host - 1
+    assert str(err.value) == (
+        f"meshkit_master_port {master} (torch's store, on node1) is one of meshccl's ports {meshccl}-{last} "
+        f"(meshkit_meshccl_port {meshccl}, one per rank of a host); set meshkit_master_port or "
+        "meshkit_meshccl_port so that they do not overlap"
+    )
+    # next to them is fine
+    plan_job(ring, runtime="torch", ranks_per_host=per_host, master_port=last + 1, meshccl_port=meshccl)
+    plan_job(ring, runtime="torch", ranks_per_host=per_host, master_port=meshccl - 1, meshccl_port=meshccl)
+
+
+def test_torch_user_env_may_point_meshccl_elsewhere(ring: dict[str, Any]) -> None:
+    job = plan_job(ring, runtime="torch", env={"MESHCCL_HOSTFILE": "/shared/mine.json"})
+    assert {r["env"]["MESHCCL_HOSTFILE"] for r in job.ranks} == {"/shared/mine.json"}
 
 
 def test_torch_master_follows_the_ring_not_the_names() -> None:
