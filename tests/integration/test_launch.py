@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import pty
@@ -410,6 +411,161 @@ def test_torch_gloo_program_through_meshkit_launch(lab):
     # The rendezvous is rank 0's host, on its management address.
     rank0_host = next(host for rank, host, *_ in lines if rank == "0")
     assert masters == {(handle.hosts()[rank0_host]["ansible_host"], "29500")}
+
+
+def meshkit_launch(
+    lab: tuple[LabHandle, Path], runtime: str, *program: str, timeout: int = 300
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`meshkit launch -r RUNTIME -n 2 -- PROGRAM` on the lab (8 ranks on 4 hosts); the run and the
+    job's log directory on the controller."""
+    handle, artifacts = lab
+    (artifacts / "launch").mkdir(parents=True, exist_ok=True)
+    before = set((artifacts / "launch").iterdir())
+    proc = subprocess.run(
+        [PYTHON, MESHKIT, "launch", "-i", str(handle.inventory), "-r", runtime, "-n", "2", "-t", str(timeout),
+         "--no-stdin", "-e", f"meshkit_artifacts_dir={artifacts}", "--", *program],
+        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=timeout + 300, check=False,
+    )  # fmt: skip
+    made = set((artifacts / "launch").iterdir()) - before
+    assert len(made) == 1, (made, proc.stdout + proc.stderr)
+    return proc, made.pop()
+
+
+def cable_addresses(handle: LabHandle) -> dict[str, list[str]]:
+    """Every lab host's cable addresses (the /30s setup.yml gave them), read from its namespace."""
+    out = {}
+    for host, vars_ in handle.hosts().items():
+        found = ip_json("-n", vars_["meshkit_lab_netns"], "-4", "addr")
+        out[host] = sorted(a["local"] for link in found for a in link["addr_info"] if a["prefixlen"] == 30)
+    return out
+
+
+def cable_between(cables: dict[str, list[str]], host: str, peer: str) -> tuple[str, str]:
+    """(host's address, peer's address) on the one cable between them: the two in one /30."""
+    [pair] = [
+        (mine, theirs)
+        for mine in cables[host]
+        for theirs in cables[peer]
+        if ipaddress.ip_address(theirs) in ipaddress.ip_network(f"{mine}/30", strict=False)
+    ]
+    return pair
+
+
+# Under `-r torch`, without torch: meshccl.init() in a rank (what the "meshccl" process group does)
+# must find torch's own rank in meshkit's hostfile, and a token.
+MESHCCL_UNDER_TORCH = """
+import os, meshccl, numpy as np
+c = meshccl.init()
+x = np.full(1 << 18, c.rank + 1, dtype=np.float32)
+c.all_reduce(x)
+listen = ",".join(sorted({a for a, _ in c.plan.listen}))
+peers = " ".join(f"{p}@{'+'.join(a for a, _ in eps)}" for p, (eps, _) in sorted(c.plan.peers.items()))
+print(f"under-torch RANK={os.environ['RANK']} WORLD_SIZE={os.environ['WORLD_SIZE']} comm={c.rank}/{c.size} "
+      f"source={c.plan.source} token={bool(os.environ.get('MESHCCL_TOKEN'))} "
+      f"exact={bool((x == c.size * (c.size + 1) / 2).all())} listen={listen} peers={peers}", flush=True)
+c.close()
+"""
+
+
+def test_torch_ranks_get_meshccls_hostfile_with_torchs_ranks_and_a_token(lab):
+    """`meshkit launch -r torch`: every rank gets the job's meshccl.json and a job token, so meshccl
+    started in a torch rank is torch's rank of torch's world, listens on every cable of its host and
+    reaches every other host's ranks over the cable between them (the lab is a full mesh), its own
+    host's other rank over loopback; an all_reduce across the 8 ranks is exact."""
+    handle, _ = lab
+    proc, job_dir = meshkit_launch(lab, "torch", PYTHON, "-c", MESHCCL_UNDER_TORCH)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = {
+        int(r): (host, dict(kv.split("=", 1) for kv in fields.split()), peers)
+        for r, host, fields, peers in re.findall(r"^\[(\d)\|(node\d)\] under-torch (.*) peers=(.*)$", proc.stdout, re.M)
+    }
+    assert sorted(said) == list(range(8)), proc.stdout
+    cables = cable_addresses(handle)
+    assert all(len(addresses) == 3 for addresses in cables.values()), cables  # 4-host mesh: 3 cables each
+    host_of = {r: host for r, (host, _, _) in said.items()}
+    for r, (host, fields, peers) in said.items():
+        assert fields["RANK"] == str(r) and fields["WORLD_SIZE"] == "8" and fields["comm"] == f"{r}/8", fields
+        assert fields["source"] == f"/var/lib/meshkit/jobs/{job_dir.name}/meshccl.json", fields
+        assert fields["token"] == "True" and fields["exact"] == "True", fields
+        assert fields["listen"] == ",".join(sorted([*cables[host], "127.0.0.1"])), (host, fields, cables)
+        expected = []
+        for p in range(8):
+            if p == r:
+                continue
+            if host_of[p] == host:
+                expected.append(f"{p}@127.0.0.1")
+            else:
+                expected.append(f"{p}@{cable_between(cables, host, host_of[p])[1]}")
+        assert peers == " ".join(expected), (r, host, peers, cables)
+
+
+DDP_PARITY = str(PROGRAMS / "torch_ddp_parity.py")
+
+
+def test_ddp_over_meshccl_gives_the_parameters_gloo_gives_under_meshkit_launch_torch(lab):
+    """`init_process_group("meshccl")` under `meshkit launch -r torch -n 2` (8 ranks on the 4-host mesh):
+    DDP trains a model for 5 steps over meshccl and, in the same job, a copy over a Gloo group; every
+    rank's meshccl copy matches Gloo's and a local reference within the program's stated tolerance,
+    bit-identical on every rank, and its meshccl connections leave from every cable of its host."""
+    proc, job_dir = meshkit_launch(lab, "torch", PYTHON, DDP_PARITY)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = {
+        int(r): (host, host2, dict(kv.split("=", 1) for kv in rest.split()))
+        for r, host, host2, rest in re.findall(
+            r"^\[(\d)\|(node\d)\] ddp-parity rank \1/8 on (node\d) (.*) ok$", proc.stdout, re.M
+        )
+    }
+    assert sorted(said) == list(range(8)), proc.stdout + proc.stderr
+    for r, (host, host2, fields) in said.items():
+        assert host == host2, (r, host, host2)
+        assert fields["backend"] == "meshccl" and fields["steps"] == "5", fields
+        tol = float(fields["tol"])
+        assert tol == 1e-5, fields
+        assert float(fields["max_diff_gloo"]) <= tol and float(fields["max_diff_ref"]) <= tol, fields
+        assert float(fields["moved"]) >= 100 * tol, fields
+        assert fields["same_on_every_rank"] == "yes", fields
+        assert fields["cables"] == "3/3", fields  # every cable of a 4-host mesh's host
+    assert len({fields["params"] for _, _, fields in said.values()}) == 1
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert [(r["rank"], r["state"]) for r in summary["ranks"]] == [(r, "ok") for r in range(8)]
+
+
+def test_ddp_parity_fails_naming_the_rank_whose_parameters_differ(lab):
+    """The same job with one parameter of rank 5's meshccl copy nudged by 1e-3 after training: the
+    comparison catches it, the rank exits 1 saying what differs, and the launch fails."""
+    proc, job_dir = meshkit_launch(lab, "torch", PYTHON, DDP_PARITY, "--perturb", "5")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    summary = json.loads((job_dir / "summary.json").read_text())
+    failed = [r for r in summary["ranks"] if r["state"] == "failed"]
+    assert failed and all(r["exit_code"] == 1 for r in failed), summary
+    assert not any(r["state"] == "ok" for r in summary["ranks"]), summary
+    assert re.search(r"failed: rank \d \(node\d\) exit code 1", output), output
+    named = re.findall(r"ddp-parity rank (\d)/8 on node\d: FAILED: (.*)$", output, re.M)
+    assert named, output
+    assert all(
+        what == "DDP over meshccl: parameters not bit-identical on ranks [5] and rank 0"
+        or (r == "5" and what.startswith(("DDP over meshccl and over gloo differ: 0.weight by 0.001 > 1e-05",
+                                          "DDP over meshccl and the reference differ: 0.weight by 0.001 > 1e-05")))
+        for r, what in named
+    ), named  # fmt: skip
+
+
+MLX_DP_STEP = str(PROGRAMS / "mlx_dp_step.py")
+
+
+def test_mlx_data_parallel_step_over_meshccl_averages_the_gradients(lab):
+    """An MLX data-parallel step whose gradients meshccl averages, under `meshkit launch -r meshccl -n 2`:
+    every rank of 8 says its averaged gradients are right (the program exits 0 only then)."""
+    proc, job_dir = meshkit_launch(lab, "meshccl", PYTHON, MLX_DP_STEP)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = re.findall(r"^\[(\d)\|node\d\] mlx-dp rank (\d)/(\d) ok max_err=(\S+) params=(\d+)$", proc.stdout, re.M)
+    assert sorted(int(r) for r, *_ in said) == list(range(8)), proc.stdout + proc.stderr
+    assert all(r == r2 and n == "8" for r, r2, n, _, _ in said), said
+    assert all(float(err) >= 0 for *_, err, _ in said), said
+    assert len({params for *_, params in said}) == 1 and int(said[0][4]) > 0, said
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in summary["ranks"]] == [(r, "ok", 0) for r in range(8)]
 
 
 def test_mpi_program_through_one_mpirun_on_the_controller(lab):
