@@ -1,0 +1,1190 @@
+"""meshccl as a ``torch.distributed`` backend: one word changed, every cable used.
+
+    import meshccl.torch                      # registers the backend "meshccl"
+    torch.distributed.init_process_group("meshccl")
+
+Under torchrun the ranks meet through meshccl's own rendezvous (rank 0 on MASTER_ADDR, both
+ends proving the job token); under ``meshkit launch`` (MESHCCL_RANK + MESHCCL_HOSTFILE) the
+world group uses meshccl's hostfile, so every cable. Every job of more than one rank needs
+the job token in MESHCCL_TOKEN, the same on every rank (meshccl.AuthError otherwise).
+
+What torch's store is used for: agreeing on the port of meshccl's rendezvous (rank 0 picks a
+free one, so MASTER_PORT + 1 need not be free and several meshccl groups can meet one after
+the other), on a job id when the environment gives none (a rank of an earlier job holding the
+same token cannot join), and, for groups of a subset of the ranks, on each member's address
+and port. The store is not authenticated, but nothing it carries is trusted: every meshccl
+connection proves the job token at both ends.
+
+CPU tensors only. Supported: all_reduce (SUM, PRODUCT, MIN, MAX; AVG for floating types),
+all_gather (blocks of any size), all_gather_into_tensor, reduce_scatter (equal blocks),
+reduce_scatter_tensor, broadcast, barrier, send/recv (tag 0), reduce, gather, scatter,
+all_to_all / all_to_all_single (every pair of ranks linked: torchrun, one host, a full mesh),
+the coalesced forms DDP and FSDP use, and async_op=True; dtypes float32, float64, float16,
+bfloat16, int8, int32, int64, uint8. Anything else raises :class:`UnsupportedError` naming
+the operation. Non-contiguous tensors are copied to contiguous ones and back.
+
+meshccl has no native reduce, gather, scatter or all-to-all: reduce is an all-reduce into a
+scratch buffer on the ranks that are not the root, gather an all-gather that the root keeps,
+scatter a broadcast of the root's blocks (each rank keeps its own), all-to-all one batch of
+sends and receives.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import ipaddress
+import json
+import os
+import secrets
+import socket
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+import meshccl
+from meshccl import bootstrap
+
+__all__ = ["BACKEND", "ProcessGroupMeshccl", "UnsupportedError", "register"]
+
+BACKEND = "meshccl"
+
+DTYPES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int8: "int8",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+}
+_FLOATING = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16})
+_R = dist.ReduceOp.RedOpType
+_OPS = {_R.SUM: "sum", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max", _R.AVG: "sum"}
+
+
+class UnsupportedError(NotImplementedError):
+    """An operation, reduction, dtype or argument the meshccl backend does not support."""
+
+
+def _unsupported(op: str, what: str) -> UnsupportedError:
+    return UnsupportedError(f"meshccl backend: {op}: {what}")
+
+
+# --- tensors in and out -----------------------------------------------------------------------------
+
+
+def _check_tensor(op: str, t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"meshccl backend: {op}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise _unsupported(op, f"tensor on device {t.device}: meshccl moves CPU tensors only (use NCCL for GPUs)")
+    if t.dtype not in DTYPES:
+        raise _unsupported(op, f"dtype {t.dtype} is not supported; meshccl has {', '.join(str(d) for d in DTYPES)}")
+    if t.is_sparse or t.layout != torch.strided:
+        raise _unsupported(op, f"{t.layout} tensors are not supported (dense tensors only)")
+    return t
+
+
+def _flat(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A contiguous 1-D view of t's data (t's own storage when it can be: the bool says whether it
+    is a copy that must be copied back). Detached: DLPack refuses tensors that require grad."""
+    d = t.detach()
+    if d.is_contiguous():
+        return d.reshape(-1), False
+    return d.contiguous().reshape(-1), True
+
+
+def _same_dtype(op: str, tensors: Sequence[torch.Tensor]) -> torch.dtype:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        raise ValueError(f"meshccl backend: {op}: tensors of different dtypes {sorted(map(str, dtypes))}")
+    return tensors[0].dtype
+
+
+def _reduction(op: str, opts_op: Any, dtype: torch.dtype) -> tuple[str, bool]:
+    """meshccl's reduction for torch's ReduceOp, and whether to divide by the group size (AVG)."""
+    kind = getattr(opts_op, "op", opts_op)
+    if kind not in _OPS:
+        raise _unsupported(op, f"reduction {kind} is not supported; meshccl has SUM, PRODUCT, MIN, MAX and AVG")
+    if kind == _R.AVG and dtype not in _FLOATING:
+        raise _unsupported(
+            op, f"ReduceOp.AVG of {dtype} tensors is not supported (an integer mean would be truncated): use SUM"
+        )
+    return _OPS[kind], kind == _R.AVG
+
+
+def _divide(t: torch.Tensor, n: int) -> None:
+    with torch.no_grad():
+        t.div_(n)
+
+
+def _timeout_seconds(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return seconds if seconds > 0 else None
+
+
+# --- Work -------------------------------------------------------------------------------------------
+
+
+class _Work(dist._Work):
+    """A torch Work over a torch Future that the backend completes (its result: the output
+    tensors). wait() raises the operation's error; `before_wait` (point-to-point) posts the
+    calls this Work waits on if they are still held back."""
+
+    def __init__(self, op: str, fut: Future, before_wait: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._op = op
+        self._fut = fut
+        self._before_wait = before_wait
+        self._done = threading.Event()
+        fut.add_done_callback(lambda _f: self._done.set())
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self._before_wait is not None:
+            self._before_wait()
+        seconds = _timeout_seconds(timeout)
+        if seconds is not None and not self._done.wait(seconds):
+            raise meshccl.TimeoutError(f"meshccl backend: {self._op} did not complete within {seconds:g} s")
+        self._fut.wait()  # raises the operation's error
+        return True
+
+    def get_future(self) -> Future:
+        if self._before_wait is not None:
+            self._before_wait()
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        if not self._fut.done():
+            return None
+        try:
+            self._fut.value()
+        except BaseException as e:  # the operation's error, handed to the caller
+            return e
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        value = self._fut.value()
+        return value if isinstance(value, list) else []
+
+    def __repr__(self) -> str:
+        return f"<meshccl Work {self._op} {'done' if self._fut.done() else 'pending'}>"
+
+
+class _Done:
+    """A call that already ran (a Communicator without async_op)."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+
+_DONE = _Done()
+Finish = Callable[[], Any]
+
+
+class _Completer:
+    """One thread per group that waits on posted meshccl calls in submission order (the order
+    meshccl runs them in), runs each operation's finishing step (copy back, divide) and
+    completes its torch Future."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cv = threading.Condition()
+        self._queue: list[tuple[list[Any], Finish, Future, str] | None] = []
+        self._thread: threading.Thread | None = None
+
+    def submit(self, handles: list[Any], finish: Finish, fut: Future, op: str) -> None:
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"meshccl-torch-{self._name}", daemon=True)
+                self._thread.start()
+            self._queue.append((handles, finish, fut, op))
+            self._cv.notify()
+
+    def stop(self) -> None:
+        with self._cv:
+            if self._thread is None:
+                return
+            self._queue.append(None)
+            self._cv.notify()
+            thread = self._thread
+        thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                item = self._queue.pop(0)
+            if item is None:
+                return
+            handles, finish, fut, _op = item
+            try:
+                for h in handles:
+                    h.wait()
+                result = finish()
+            except BaseException as e:  # the operation's error goes to whoever waits on it
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+
+
+class _Link:
+    """The Communicator as the process group drives it: a call returns a handle to wait on.
+
+    With meshccl's async API (meshccl.Work, `async_op=`) calls are queued on the communicator's
+    own progress thread and return at once; without it they run here and return done."""
+
+    def __init__(self, comm: meshccl.Communicator) -> None:
+        self.comm = comm
+        self.native_async = hasattr(meshccl, "Work") and _accepts(comm.all_reduce, "async_op")
+        self.has_exchange = hasattr(comm, "exchange")
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        fn = getattr(self.comm, method)
+        if self.native_async:
+            return fn(*args, async_op=True, **kwargs)
+        fn(*args, **kwargs)
+        return _DONE
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# --- the process group --------------------------------------------------------------------------------
+
+
+class ProcessGroupMeshccl(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on a meshccl Communicator."""
+
+    def __init__(self, comm: meshccl.Communicator, rank: int, size: int, group_name: str = "") -> None:
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._comm = comm
+        self._link = _Link(comm)
+        self._lock = threading.RLock()
+        self._completer = _Completer(group_name or "group")
+        self._p2p: list[tuple[str, torch.Tensor, torch.Tensor, bool, int, Future]] = []
+        self._closed = False
+        self.calls: Counter[str] = Counter()  # operation name -> times called (what DDP/FSDP use)
+
+    # -- identity
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def getRank(self) -> int:
+        return self._rank
+
+    def getSize(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def communicator(self) -> meshccl.Communicator:
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"<meshccl ProcessGroup rank {self._rank} of {self._size} ({self._comm.plan.source})>"
+
+    # -- running operations
+
+    def _run(self, op: str, body: Callable[[Callable[..., None]], Finish]) -> _Work:
+        """Posts the meshccl calls `body` makes through its argument; the Work completes, with
+        `body`'s finishing step's result, once they are done."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"meshccl backend: {op} on a process group that was shut down")
+            self.calls[op] += 1
+            self._flush_p2p_locked()
+            handles: list[Any] = []
+
+            def call(method: str, *args: Any, **kwargs: Any) -> None:
+                handles.append(self._link.call(method, *args, **kwargs))
+
+            finish = body(call)
+            fut: Future = Future()
+            if all(h is _DONE for h in handles):
+                fut.set_result(finish())
+            else:
+                self._completer.submit(handles, finish, fut, op)
+            return _Work(op, fut)
+
+    # -- all_reduce
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+        return self._allreduce("all_reduce", tensors, opts)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+        return self._allreduce("all_reduce_coalesced", tensors, opts)
+
+    def _allreduce(self, op: str, tensors: list[torch.Tensor], opts: Any) -> _Work:
+        tensors = [_check_tensor(op, t) for t in tensors]
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        plans = []
+        for t in tensors:
+            name, avg = _reduction(op, reduce_op, t.dtype)
+            plans.append((t, name, avg))
+        n = self._size
+
+        def body(call: Callable[..., None]) -> Finish:
+            bufs = []
+            for t, name, avg in plans:
+                buf, copied = _flat(t)
+                call("all_reduce", buf, op=name)
+                bufs.append((t, buf, copied, avg))
+
+            def finish() -> list[torch.Tensor]:
+                for t, buf, copied, avg in bufs:
+                    if avg:
+                        _divide(buf, n)
+                    if copied:
+                        _copy_back(t, buf)
+                return list(tensors)
+
+            return finish
+
+        return self._run(op, body)
+
+    # -- broadcast
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+        op = "broadcast"
+        tensors = [_check_tensor(op, t) for t in tensors]
+        root = opts.rootRank if opts is not None else 0
+        self._check_rank(op, "root", root)
+
+        def body(call: Callable[..., None]) -> Finish:
+            bufs = []
+            for t in tensors:
+                buf, copied = _flat(t)
+                call("broadcast", buf, root=root)
+                bufs.append((t, buf, copied))
+
+            def finish() -> list[torch.Tensor]:
+                for t, buf, copied in bufs:
+                    if copied:
+                        _copy_back(t, buf)
+                return list(tensors)
+
+            return finish
+
+        return self._run(op, body)
+
+    # -- all_gather
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self._allgather("all_gather", output_tensors, input_tensors)
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self._allgather("all_gather_coalesced", output_lists, input_list)
+
+    def _allgather(self, op: str, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> _Work:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"meshccl backend: {op}: {len(outputs)} output lists for {len(inputs)} inputs")
+        n = self._size
+        jobs = []
+        for outs, x in zip(outputs, inputs):
+            _check_tensor(op, x)
+            if len(outs) != n:
+                raise ValueError(f"meshccl backend: {op}: {len(outs)} output tensors for a group of {n} ranks")
+            for o in outs:
+                _check_tensor(op, o)
+                if o.dtype != x.dtype:
+                    raise ValueError(
+                        f"meshccl backend: {op}: output dtype {o.dtype} differs from input dtype {x.dtype}"
+                    )
+            sizes = [o.numel() for o in outs]
+            if sizes[self._rank] != x.numel():
+                raise ValueError(
+                    f"meshccl backend: {op}: this rank's output tensor has {sizes[self._rank]} elements, "
+                    f"its input {x.numel()}"
+                )
+            jobs.append((outs, x, sizes))
+
+        def body(call: Callable[..., None]) -> Finish:
+            posted = []
+            for outs, x, sizes in jobs:
+                # Blocks of any size: every rank knows every block's size from its output list,
+                # so each pads its block to the largest and keeps what is real.
+                block = max(sizes) if sizes else 0
+                src, _copied = _flat(x)
+                if block != src.numel():
+                    padded = torch.zeros(block, dtype=x.dtype)
+                    padded[: src.numel()] = src
+                    src = padded
+                gathered = torch.empty(n * block, dtype=x.dtype)
+                call("all_gather", src, out=gathered)
+                posted.append((outs, sizes, block, gathered, src))
+
+            def finish() -> list[list[torch.Tensor]]:
+                for outs, sizes, block, gathered, _src in posted:
+                    for q, o in enumerate(outs):
+                        _copy_back(o, gathered[q * block : q * block + sizes[q]])
+                return [list(outs) for outs, *_ in posted]
+
+            return finish
+
+        return self._run(op, body)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return self._allgather_single("all_gather_into_tensor", [output], [input])
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return self._allgather_single("all_gather_into_tensor", [output], [input])
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self._allgather_single("all_gather_into_tensor_coalesced", outputs, inputs)
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self._allgather_single("all_gather_into_tensor_coalesced", outputs, inputs)
+
+    def _allgather_single(self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> _Work:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"meshccl backend: {op}: {len(outputs)} outputs for {len(inputs)} inputs")
+        for o, x in zip(outputs, inputs):
+            _check_tensor(op, o)
+            _check_tensor(op, x)
+            if o.dtype != x.dtype:
+                raise ValueError(f"meshccl backend: {op}: output dtype {o.dtype} differs from input dtype {x.dtype}")
+            if o.numel() != self._size * x.numel():
+                raise ValueError(
+                    f"meshccl backend: {op}: the output has {o.numel()} elements; it must have group size "
+                    f"({self._size}) x input ({x.numel()}) = {self._size * x.numel()}"
+                )
+
+        def body(call: Callable[..., None]) -> Finish:
+            posted = []
+            for o, x in zip(outputs, inputs):
+                out, copied = _flat(o)
+                src, _ = _flat(x)
+                call("all_gather", src, out=out)
+                posted.append((o, out, copied))
+
+            def finish() -> list[torch.Tensor]:
+                for o, out, copied in posted:
+                    if copied:
+                        _copy_back(o, out)
+                return list(outputs)
+
+            return finish
+
+        return self._run(op, body)
+
+    # -- reduce_scatter
+
+    def reduce_scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+    ) -> _Work:
+        op = "reduce_scatter"
+        if len(output_tensors) != len(input_tensors):
+            raise ValueError(f"meshccl backend: {op}: {len(output_tensors)} outputs for {len(input_tensors)} inputs")
+        n = self._size
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        jobs = []
+        for o, ins in zip(output_tensors, input_tensors):
+            _check_tensor(op, o)
+            if len(ins) != n:
+                raise ValueError(f"meshccl backend: {op}: {len(ins)} input tensors for a group of {n} ranks")
+            for x in ins:
+                _check_tensor(op, x)
+                if x.dtype != o.dtype:
+                    raise ValueError(
+                        f"meshccl backend: {op}: input dtype {x.dtype} differs from output dtype {o.dtype}"
+                    )
+            if any(x.numel() != o.numel() for x in ins):
+                raise _unsupported(
+                    op,
+                    f"blocks of different sizes ({[x.numel() for x in ins]} elements; output {o.numel()}): "
+                    "meshccl's reduce_scatter needs every block the size of the output",
+                )
+            name, avg = _reduction(op, reduce_op, o.dtype)
+            jobs.append((o, ins, name, avg))
+
+        def body(call: Callable[..., None]) -> Finish:
+            posted = []
+            for o, ins, name, avg in jobs:
+                src = torch.cat([x.detach().reshape(-1) for x in ins]) if ins else torch.empty(0, dtype=o.dtype)
+                out, copied = _flat(o)
+                call("reduce_scatter", src, out=out, op=name)
+                posted.append((o, out, copied, avg, src))
+
+            def finish() -> list[torch.Tensor]:
+                for o, out, copied, avg, _src in posted:
+                    if avg:
+                        _divide(out, n)
+                    if copied:
+                        _copy_back(o, out)
+                return list(output_tensors)
+
+            return finish
+
+        return self._run(op, body)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return self._reduce_scatter_single("reduce_scatter_tensor", [output], [input], opts)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+        return self._reduce_scatter_single("reduce_scatter_tensor", [output], [input], opts)
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self._reduce_scatter_single("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        return self._reduce_scatter_single("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+
+    def _reduce_scatter_single(
+        self, op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> _Work:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"meshccl backend: {op}: {len(outputs)} outputs for {len(inputs)} inputs")
+        n = self._size
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        jobs = []
+        for o, x in zip(outputs, inputs):
+            _check_tensor(op, o)
+            _check_tensor(op, x)
+            if o.dtype != x.dtype:
+                raise ValueError(f"meshccl backend: {op}: input dtype {x.dtype} differs from output dtype {o.dtype}")
+            if x.numel() != n * o.numel():
+                raise ValueError(
+                    f"meshccl backend: {op}: the input has {x.numel()} elements; it must have group size "
+                    f"({n}) x output ({o.numel()}) = {n * o.numel()}"
+                )
+            name, avg = _reduction(op, reduce_op, o.dtype)
+            jobs.append((o, x, name, avg))
+
+        def body(call: Callable[..., None]) -> Finish:
+            posted = []
+            for o, x, name, avg in jobs:
+                src, _ = _flat(x)
+                out, copied = _flat(o)
+                call("reduce_scatter", src, out=out, op=name)
+                posted.append((o, out, copied, avg))
+
+            def finish() -> list[torch.Tensor]:
+                for o, out, copied, avg in posted:
+                    if avg:
+                        _divide(out, n)
+                    if copied:
+                        _copy_back(o, out)
+                return list(outputs)
+
+            return finish
+
+        return self._run(op, body)
+
+    # -- reduce, gather, scatter: built from all_reduce, all_gather, broadcast
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Work:
+        op = "reduce"
+        tensors = [_check_tensor(op, t) for t in tensors]
+        root = opts.rootRank if opts is not None else 0
+        self._check_rank(op, "root", root)
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        plans = [(t, *_reduction(op, reduce_op, t.dtype)) for t in tensors]
+        n, me = self._size, self._rank
+
+        def body(call: Callable[..., None]) -> Finish:
+            posted = []
+            for t, name, avg in plans:
+                src, copied = _flat(t)
+                # The root reduces in place; the others into scratch, so their tensors keep their values.
+                out = src if me == root else torch.empty_like(src)
+                call("all_reduce", src, op=name, out=out)
+                posted.append((t, out, copied, avg))
+
+            def finish() -> list[torch.Tensor]:
+                if me == root:
+                    for t, out, copied, avg in posted:
+                        if avg:
+                            _divide(out, n)
+                        if copied:
+                            _copy_back(t, out)
+                return list(tensors)
+
+            return finish
+
+        return self._run(op, body)
+
+    def gather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        op = "gather"
+        root = opts.rootRank if opts is not None else 0
+        self._check_rank(op, "root", root)
+        n, me = self._size, self._rank
+        if len(input_tensors) != 1:
+            raise ValueError(f"meshccl backend: {op}: one input tensor per rank, got {len(input_tensors)}")
+        x = _check_tensor(op, input_tensors[0])
+        outs: list[torch.Tensor] = []
+        if me == root:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != n:
+                raise ValueError(f"meshccl backend: {op}: the root needs a list of {n} output tensors")
+            outs = [_check_tensor(op, o) for o in output_tensors[0]]
+            for o in outs:
+                if o.dtype != x.dtype or o.numel() != x.numel():
+                    raise _unsupported(
+                        op,
+                        f"output {o.dtype} x {o.numel()} for input {x.dtype} x {x.numel()}: "
+                        "every block must have the input's dtype and size",
+                    )
+
+        def body(call: Callable[..., None]) -> Finish:
+            src, _ = _flat(x)
+            gathered = torch.empty(n * src.numel(), dtype=x.dtype)
+            call("all_gather", src, out=gathered)
+
+            def finish() -> list[list[torch.Tensor]]:
+                k = src.numel()
+                for q, o in enumerate(outs):
+                    with torch.no_grad():
+                        o.copy_(gathered[q * k : (q + 1) * k].view(o.shape))
+                return [outs] if outs else []
+
+            return finish
+
+        return self._run(op, body)
+
+    def scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+    ) -> _Work:
+        op = "scatter"
+        root = opts.rootRank if opts is not None else 0
+        self._check_rank(op, "root", root)
+        n, me = self._size, self._rank
+        if len(output_tensors) != 1:
+            raise ValueError(f"meshccl backend: {op}: one output tensor per rank, got {len(output_tensors)}")
+        o = _check_tensor(op, output_tensors[0])
+        ins: list[torch.Tensor] = []
+        if me == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != n:
+                raise ValueError(f"meshccl backend: {op}: the root needs a list of {n} input tensors")
+            ins = [_check_tensor(op, x) for x in input_tensors[0]]
+            for x in ins:
+                if x.dtype != o.dtype or x.numel() != o.numel():
+                    raise _unsupported(
+                        op,
+                        f"input {x.dtype} x {x.numel()} for output {o.dtype} x {o.numel()}: "
+                        "every block must have the output's dtype and size",
+                    )
+
+        def body(call: Callable[..., None]) -> Finish:
+            k = o.numel()
+            buf = torch.cat([x.detach().reshape(-1) for x in ins]) if me == root else torch.empty(n * k, dtype=o.dtype)
+            call("broadcast", buf, root=root)
+
+            def finish() -> list[torch.Tensor]:
+                with torch.no_grad():
+                    o.copy_(buf[me * k : (me + 1) * k].view(o.shape))
+                return [o]
+
+            return finish
+
+        return self._run(op, body)
+
+    # -- barrier
+
+    def barrier(self, opts: Any = None) -> _Work:
+        def body(call: Callable[..., None]) -> Finish:
+            call("barrier")
+            return list
+
+        return self._run("barrier", body)
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        raise _unsupported("monitored_barrier", "not supported (Gloo only): use barrier()")
+
+    # -- all_to_all
+
+    def alltoall(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> _Work:
+        op = "all_to_all"
+        n = self._size
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"meshccl backend: {op}: {n} input and {n} output tensors needed")
+        for t in [*output_tensors, *input_tensors]:
+            _check_tensor(op, t)
+        _same_dtype(op, [*output_tensors, *input_tensors])
+        return self._alltoall(op, list(output_tensors), list(input_tensors))
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> _Work:
+        op = "all_to_all_single"
+        n = self._size
+        _check_tensor(op, output)
+        _check_tensor(op, input)
+        _same_dtype(op, [output, input])
+        outs = _split(op, "output", output, output_split_sizes, n)
+        ins = _split(op, "input", input, input_split_sizes, n)
+        return self._alltoall(op, outs, ins, whole=output)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> _Work:
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def _alltoall(
+        self, op: str, outs: list[torch.Tensor], ins: list[torch.Tensor], whole: torch.Tensor | None = None
+    ) -> _Work:
+        n, me = self._size, self._rank
+        unlinked = [q for q in range(n) if q != me and not self._comm._native.linked(q)]
+        if unlinked:
+            raise _unsupported(
+                op,
+                f"rank {me} has no link to rank(s) {unlinked} in this job's cabling ({self._comm.plan.source}: "
+                f"{'a ring' if self._comm.plan.ring else 'not a full mesh'}); all-to-all needs every pair of ranks "
+                "linked (torchrun, one host, a full mesh): use a Gloo group for it",
+            )
+        p2p = []  # (kind, user tensor, buffer, copied, peer)
+        for q in range(n):
+            if q == me:
+                continue
+            if ins[q].numel():
+                buf, _ = _flat(ins[q])
+                p2p.append(("send", ins[q], buf, False, q))
+            if outs[q].numel():
+                buf, copied = _flat(outs[q])
+                p2p.append(("recv", outs[q], buf, copied, q))
+        result = outs if whole is None else [whole]
+
+        def local() -> None:
+            with torch.no_grad():
+                outs[me].copy_(ins[me].view(outs[me].shape))
+
+        return self._run(op, lambda call: self._post_p2p(call, p2p, local, result, one_batch=True))
+
+    # -- send / recv
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> _Work:
+        return self._p2p_op("send", tensors, dstRank, tag)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> _Work:
+        return self._p2p_op("recv", tensors, srcRank, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> _Work:
+        raise _unsupported("recv from any source", "not supported: name the source rank (recv(tensor, src))")
+
+    def _p2p_op(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> _Work:
+        if tag:
+            raise _unsupported(
+                kind, f"tag {tag}: meshccl matches a pair's messages in the order they are sent and has no tags (use 0)"
+            )
+        if len(tensors) != 1:
+            raise ValueError(f"meshccl backend: {kind}: one tensor, got {len(tensors)}")
+        t = _check_tensor(kind, tensors[0])
+        self._check_rank(kind, "peer", peer)
+        if peer == self._rank:
+            raise ValueError(f"meshccl backend: {kind}: rank {peer} is this rank")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"meshccl backend: {kind} on a process group that was shut down")
+            self.calls[kind] += 1
+            buf, copied = _flat(t)
+            fut: Future = Future()
+            # Held back until something waits on one of them or another operation comes: then the
+            # sends and receives posted meanwhile go out together (batch_isend_irecv, a ring shift:
+            # every rank sends first, and none waits for its send before its receive).
+            self._p2p.append((kind, t, buf, copied, peer, fut))
+            return _Work(kind, fut, before_wait=self._flush_p2p)
+
+    def _flush_p2p(self) -> None:
+        with self._lock:
+            self._flush_p2p_locked()
+
+    def _flush_p2p_locked(self) -> None:
+        if not self._p2p:
+            return
+        batch, self._p2p = self._p2p, []
+        futs = [item[5] for item in batch]
+        p2p = [(kind, t, buf, copied, peer) for kind, t, buf, copied, peer, _fut in batch]
+        try:
+            handles: list[Any] = []
+
+            def call(method: str, *args: Any, **kwargs: Any) -> None:
+                handles.append(self._link.call(method, *args, **kwargs))
+
+            finish = self._post_p2p(call, p2p, None, None)
+        except BaseException as e:  # every held-back operation fails with the batch's error
+            for f in futs:
+                f.set_exception(e)
+            return
+        done: Future = Future()
+
+        def settle(f: Future) -> None:
+            try:
+                f.value()
+            except BaseException as e:  # the batch's error, for each operation in it
+                for g in futs:
+                    g.set_exception(e)
+                return
+            for (_kind, t, *_rest), g in zip(p2p, futs):
+                g.set_result([t])
+
+        done.add_done_callback(settle)
+        if all(h is _DONE for h in handles):
+            try:
+                finish()
+            except BaseException as e:  # handed to the Works
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+        else:
+            self._completer.submit(handles, finish, done, "send/recv")
+
+    def _post_p2p(
+        self,
+        call: Callable[..., None],
+        p2p: list[tuple[str, torch.Tensor, torch.Tensor, bool, int]],
+        local: Callable[[], None] | None,
+        result: Any,
+        one_batch: bool = False,
+    ) -> Finish:
+        """Posts sends and receives as meshccl exchanges (batches posted together, finished together).
+
+        meshccl counts a batch as one operation on every pair it names, and the other end must
+        name this rank in a batch of the same shape. torch matches messages one by one, however
+        each side happened to group them. So (unless `one_batch`: all-to-all, the same on every
+        rank) every batch carries at most one message per peer: batch k holds each peer's k-th
+        message. Each message is then one operation on its pair, whatever the other side's
+        grouping; messages to different peers still go out together (a ring shift cannot
+        deadlock). Within one flush a pair's two directions are put in one order both ends agree
+        on (the lower rank's send first); each direction keeps its own order."""
+        if not self._link.has_exchange:
+            raise _unsupported("send/recv", "this meshccl build has no exchange(): rebuild meshccl")
+        if one_batch:
+            batches = [p2p]
+        else:
+            by_peer: dict[int, list[tuple[str, torch.Tensor, torch.Tensor, bool, int]]] = {}
+            for item in p2p:
+                by_peer.setdefault(item[4], []).append(item)
+            for peer, items in by_peer.items():
+                first = "send" if self._rank < peer else "recv"
+                items.sort(key=lambda i, first=first: i[0] != first)  # stable: each direction keeps its order
+            rounds = max((len(v) for v in by_peer.values()), default=0)
+            batches = [[v[k] for v in by_peer.values() if k < len(v)] for k in range(rounds)]
+        for batch in batches:
+            sends = [(buf, peer) for kind, _t, buf, _c, peer in batch if kind == "send"]
+            recvs = [(buf, peer) for kind, _t, buf, _c, peer in batch if kind == "recv"]
+            if sends or recvs:
+                call("exchange", sends=sends, recvs=recvs)
+
+        def finish() -> Any:
+            if local is not None:
+                local()
+            for kind, t, buf, copied, _peer in p2p:
+                if kind == "recv" and copied:
+                    _copy_back(t, buf)
+            return result
+
+        return finish
+
+    # -- coalescing (torch's batch_isend_irecv and _coalescing_manager call these on some groups)
+
+    def _start_coalescing(self, device: Any = None) -> None:
+        return None
+
+    def _end_coalescing(self, device: Any = None) -> _Work:
+        self._flush_p2p()
+        fut: Future = Future()
+        fut.set_result([])
+        return _Work("coalescing", fut)
+
+    # -- unsupported and lifecycle
+
+    def _check_rank(self, op: str, what: str, r: int) -> None:
+        if not 0 <= r < self._size:
+            raise ValueError(f"meshccl backend: {op}: {what} rank {r} is not in this group of {self._size} ranks")
+
+    def abort(self) -> None:
+        abort = getattr(self._comm, "abort", None)
+        if abort is not None:
+            abort("torch.distributed abort")
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._flush_p2p_locked()
+            finally:
+                self._completer.stop()
+                _release(self._comm)
+                self._comm.close()
+
+    def split_group(self, *args: Any, **kwargs: Any) -> None:
+        raise _unsupported("split_group", "not supported: create the group with new_group(ranks, backend='meshccl')")
+
+    def merge_remote_group(self, *args: Any, **kwargs: Any) -> None:
+        raise _unsupported("merge_remote_group", "not supported")
+
+
+def _split(op: str, what: str, t: torch.Tensor, sizes: Sequence[int], n: int) -> list[torch.Tensor]:
+    """t's dim-0 blocks for all_to_all_single (equal when `sizes` is empty)."""
+    rows = t.shape[0] if t.dim() else 1
+    if not sizes:
+        if rows % n:
+            raise ValueError(f"meshccl backend: {op}: {what} has {rows} rows, not a multiple of the group size {n}")
+        sizes = [rows // n] * n
+    if len(sizes) != n or sum(sizes) != rows or any(s < 0 for s in sizes):
+        raise ValueError(f"meshccl backend: {op}: {what} split sizes {list(sizes)} do not split {rows} rows {n} ways")
+    return list(torch.split(t, list(sizes), dim=0)) if t.dim() else [t]
+
+
+def _copy_back(t: torch.Tensor, buf: torch.Tensor) -> None:
+    with torch.no_grad():
+        t.copy_(buf.view(t.shape))
+
+
+# --- connecting ------------------------------------------------------------------------------------------
+
+_HOSTFILE_IN_USE: set[int] = set()  # ids of communicators holding the ports meshccl.json names
+
+
+def _release(comm: meshccl.Communicator) -> None:
+    _HOSTFILE_IN_USE.discard(id(comm))
+
+
+def _agree(store: Any, key: str, rank: int, make: Callable[[], str]) -> str:
+    """A value every rank of the group reads from the store, rank 0's."""
+    if rank == 0:
+        store.set(key, make())
+    return bytes(store.get(key)).decode()
+
+
+def _generation(store: Any, size: int) -> int:
+    """How many times this group's store has seen meshccl connect before (a group created again
+    with the same name after destroy_process_group reuses its keys: the generation keeps them apart)."""
+    return (int(store.add("meshccl/arrivals", 1)) - 1) // size
+
+
+def _free_port(addresses: Sequence[str]) -> int:
+    """A port free on every one of `addresses` right now."""
+    for _ in range(50):
+        first = addresses[0]
+        family = socket.AF_INET6 if ":" in first else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((first, 0))
+            port = int(s.getsockname()[1])
+        ok = True
+        for a in addresses[1:]:
+            fam = socket.AF_INET6 if ":" in a else socket.AF_INET
+            with socket.socket(fam, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((a, port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return port
+    raise meshccl.BootstrapError(f"no port is free on all of {', '.join(addresses)}")
+
+
+def _store_host(store: Any) -> str | None:
+    while store is not None:
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "underlying_store", None)
+    return None
+
+
+def _my_address(env: dict[str, str], store: Any) -> str:
+    """The address this rank is reached on: the one it reaches MASTER_ADDR (torch's store) from."""
+    target = env.get("MASTER_ADDR") or _store_host(store)
+    if not target:
+        raise meshccl.BootstrapError(
+            "meshccl backend: cannot tell which address this rank listens on: set MASTER_ADDR "
+            "(torchrun does), or use a TCP store / init_method tcp://"
+        )
+    master = bootstrap._resolve(target)
+    if ipaddress.ip_address(master).is_loopback:
+        return master
+    family = socket.AF_INET6 if ":" in master else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((master, 9))  # UDP: no packet is sent, the kernel only picks the route
+        return str(s.getsockname()[0])
+
+
+def _plan_from_store(
+    store: Any, rank: int, size: int, gen: int, env: dict[str, str], token: str, job_id: str
+) -> bootstrap.Plan:
+    """Every rank of the group linked to every other over the address it reaches MASTER_ADDR from,
+    ports and host identities exchanged through the store."""
+    if size == 1:
+        return bootstrap.Plan(0, 1, source="torch store")
+    address = _my_address(env, store)
+    port = _free_port([address])
+    me = bootstrap._mac(token, "meshccl/2 host identity", job_id, bootstrap.host_identity())
+    store.set(f"meshccl/{gen}/rank/{rank}", json.dumps([address, port, me]))
+    keys = [f"meshccl/{gen}/rank/{r}" for r in range(size)]
+    store.wait(keys)
+    table = [json.loads(bytes(store.get(k)).decode()) for k in keys]
+    peers = {r: ([(str(e[0]), int(e[1]))], -1) for r, e in enumerate(table) if r != rank}
+    same_host = {r for r in peers if table[r][2] == me}
+    return bootstrap.Plan(rank, size, [(address, port)], peers, True, True, 1, "torch store", same_host)
+
+
+def _plan_from_sub_hostfile(store: Any, rank: int, members: list[int], gen: int, env: dict[str, str]) -> bootstrap.Plan:
+    """A group of some of the job's ranks over the cables meshccl.json names, on fresh ports."""
+    path = env["MESHCCL_HOSTFILE"]
+    data = bootstrap._load_json(path)
+    global_rank = bootstrap._int_env(env, "MESHCCL_RANK")
+    if members[rank] != global_rank:
+        raise meshccl.BootstrapError(
+            f"meshccl backend: MESHCCL_RANK={global_rank} but torch says this process is global rank {members[rank]}"
+        )
+    entries = {e.get("rank"): e for e in data.get("ranks", []) if isinstance(e, dict)}
+    missing = [g for g in members if g not in entries]
+    if missing:
+        raise meshccl.BootstrapError(f"{path}: rank(s) {missing} of the group are not in the hostfile")
+    mine = entries[global_rank]
+    addrs = sorted({link["address"] for link in mine.get("links", [])})
+    if sum(1 for g in members if entries[g]["host"] == mine["host"]) > 1:
+        addrs.append("127.0.0.1")
+    port = _free_port(addrs or ["127.0.0.1"])
+    store.set(f"meshccl/{gen}/port/{rank}", str(port))
+    keys = [f"meshccl/{gen}/port/{r}" for r in range(len(members))]
+    store.wait(keys)
+    ports = [int(bytes(store.get(k)).decode()) for k in keys]
+    sub = dict(data)
+    sub["world_size"] = len(members)
+    sub["ranks"] = [dict(entries[g], rank=i, port=ports[i]) for i, g in enumerate(members)]
+    try:
+        return bootstrap.plan_from_meshccl_hostfile(sub, rank, f"{path} (ranks {members})")
+    except meshccl.BootstrapError as e:
+        raise meshccl.BootstrapError(
+            f"meshccl backend: new_group(ranks={members}): {e}; a meshccl group needs its ranks' hosts cabled as a "
+            "ring in rank order or a full mesh: use backend='gloo' for this group"
+        ) from None
+
+
+def _connect(
+    store: Any, rank: int, size: int, timeout: Any, group_id: str, global_ranks: list[int]
+) -> meshccl.Communicator:
+    env = dict(os.environ)
+    token = env.get("MESHCCL_TOKEN", "")
+    allow_no_token = bootstrap.allow_no_token_from_env(env)
+    bootstrap.check_token(rank, size, token, allow_no_token)  # AuthError before anything is sent
+    options = meshccl._env_options(env)
+    if "timeout" not in options and _timeout_seconds(timeout) is not None:
+        options["timeout"] = _timeout_seconds(timeout)  # torch's timeout for the group
+    world_size = dist.get_world_size() if dist.is_initialized() else size
+    members = list(global_ranks) if global_ranks else list(range(size))
+    whole_world = members == list(range(world_size)) and size == world_size
+    gen = _generation(store, size)
+    job_id = bootstrap.job_id_from_env(env) or _agree(store, f"meshccl/{gen}/job", rank, lambda: secrets.token_hex(8))
+    if group_id and not whole_world:
+        job_id = f"{job_id}/group-{group_id}"
+    env["MESHCCL_JOB_ID"] = job_id
+    hostfile = "MESHCCL_RANK" in env or "MESHCCL_HOSTFILE" in env
+    mlx = "MLX_RANK" in env and "MLX_HOSTFILE" in env
+    torchrun = all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+    if whole_world and (hostfile or mlx) and not _HOSTFILE_IN_USE:
+        comm = meshccl.init(env, **options)  # meshccl.json: every cable
+        _HOSTFILE_IN_USE.add(id(comm))
+    elif whole_world and not hostfile and not mlx and torchrun and env["RANK"] == str(members[rank]):
+        if "MESHCCL_MASTER_PORT" not in env:
+            master = bootstrap._resolve(env["MASTER_ADDR"])
+            env["MESHCCL_MASTER_PORT"] = _agree(
+                store, f"meshccl/{gen}/master_port", rank, lambda: str(bootstrap._free_port(master))
+            )
+        comm = meshccl.init(env, **options)  # meshccl's own rendezvous, the token proved at both ends
+    elif hostfile:
+        plan = _plan_from_sub_hostfile(store, rank, members, gen, env)
+        comm = meshccl.Communicator(plan, token=token, job_id=job_id, allow_no_token=allow_no_token, **options)
+    else:
+        plan = _plan_from_store(store, rank, size, gen, env, token, job_id)
+        comm = meshccl.Communicator(plan, token=token, job_id=job_id, allow_no_token=allow_no_token, **options)
+    if comm.rank != rank or comm.size != size:
+        comm.close()
+        _release(comm)
+        raise meshccl.BootstrapError(
+            f"meshccl backend: torch says this process is rank {rank} of {size}, but meshccl's environment "
+            f"({comm.plan.source}) says rank {comm.rank} of {comm.size}"
+        )
+    return comm
+
+
+def _create(dist_opts: Any, backend_options: Any = None) -> ProcessGroupMeshccl:
+    """torch's creator for "meshccl" (extended API: store, rank, size, timeout, group id, ranks)."""
+    comm = _connect(
+        dist_opts.store,
+        dist_opts.group_rank,
+        dist_opts.group_size,
+        dist_opts.timeout,
+        str(dist_opts.group_id),
+        list(dist_opts.global_ranks_in_group),
+    )
+    return ProcessGroupMeshccl(comm, dist_opts.group_rank, dist_opts.group_size, str(dist_opts.group_id))
+
+
+def register() -> None:
+    """Registers the backend "meshccl" with torch.distributed (idempotent)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+
+def _autoload() -> None:
+    """The entry point torch calls at `import torch` (group "torch.backends"): must never raise,
+    or `import torch` fails."""
+    try:
+        register()
+    except Exception as e:  # a broken meshccl must not break torch
+        warnings.warn(f"meshccl: not registered as a torch.distributed backend: {e}", stacklevel=1)
+
+
+register()

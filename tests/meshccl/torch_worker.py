@@ -1,0 +1,454 @@
+"""One rank of a torch.distributed job on the meshccl backend, started by torchrun.
+
+Usage: torch_worker.py SCENARIO. Each check compares against a reference computed here from
+what every rank contributes (inputs are small integers, so every dtype and reduction is exact).
+Prints "CHECKS <n>", "RESULT <json>" and "OK" on success; on any failure "FAIL <type>: <message>"
+and exits 3.
+
+Scenarios:
+  ops      every operation, reduction and dtype; async_op; errors; a Gloo group beside the meshccl
+           one and a meshccl group of some ranks; DDP with meshccl and with Gloo from one seed.
+  hostfile a meshccl.json layout (MESHCCL_HOSTFILE set, MESHCCL_RANK taken from torch's rank):
+           all-reduces large and small, a subgroup, DDP against Gloo.
+  notoken  init_process_group("meshccl") without MESHCCL_TOKEN (must raise meshccl.AuthError).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import meshccl
+import meshccl.torch as mt
+import torch
+import torch.distributed as dist
+from torch import nn
+
+R = dist.ReduceOp
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+]
+FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def eq(self, what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        self.n += 1
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+            raise AssertionError(
+                f"{what}: expected {want.flatten()[:8].tolist()} ({want.dtype}, {tuple(want.shape)}) "
+                f"got {got.flatten()[:8].tolist()} ({got.dtype}, {tuple(got.shape)})"
+            )
+
+    def true(self, what: str, cond: bool) -> None:
+        self.n += 1
+        if not cond:
+            raise AssertionError(what)
+
+    def raises(self, what: str, fn: Callable[[], Any], exc: type[BaseException], *words: str) -> str:
+        self.n += 1
+        try:
+            fn()
+        except exc as e:
+            text = str(e)
+            missing = [w for w in words if w not in text]
+            if missing:
+                raise AssertionError(f"{what}: error {text!r} does not name {missing}") from None
+            return text
+        raise AssertionError(f"{what}: no {exc.__name__} raised")
+
+
+def value(rank: int, count: int, op: str = "sum") -> torch.Tensor:
+    """Rank `rank`'s input (int64; small enough to be exact in every dtype once reduced)."""
+    i = torch.arange(count, dtype=torch.int64)
+    if op == "prod":
+        return 1 + ((i + rank) % 3 == 0).long()
+    if op in ("min", "max"):
+        return (i * 3 + rank * 5) % 17
+    return (rank + 1) * (1 + i % 5)
+
+
+def reference(op: str, n: int, count: int) -> torch.Tensor:
+    stack = torch.stack([value(r, count, op) for r in range(n)])
+    if op == "sum":
+        return stack.sum(0)
+    if op == "prod":
+        return stack.prod(0)
+    if op == "min":
+        return stack.min(0).values
+    return stack.max(0).values
+
+
+TORCH_OPS = {"sum": R.SUM, "prod": R.PRODUCT, "min": R.MIN, "max": R.MAX}
+
+
+def check_ops(c: Checks, group: Any = None) -> None:
+    """Every operation on `group` (default: the world), against references."""
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    for dt in DTYPES:
+        for count in (0, 1, 13, 4099):
+            for name, op in TORCH_OPS.items():
+                x = value(me, count, name).to(dt)
+                dist.all_reduce(x, op=op, group=group)
+                c.eq(f"all_reduce {dt} {name} {count}", x, reference(name, n, count).to(dt))
+        if dt in FLOATS:
+            x = value(me, 1000).to(dt)
+            dist.all_reduce(x, op=R.AVG, group=group)
+            c.eq(f"all_reduce {dt} avg", x, (reference("sum", n, 1000).double() / n).to(dt))
+        else:
+            x = value(me, 10).to(dt)
+            c.raises(
+                f"all_reduce {dt} avg",
+                lambda x=x: dist.all_reduce(x, op=R.AVG, group=group),
+                mt.UnsupportedError,
+                "all_reduce",
+                "AVG",
+                str(dt),
+            )
+        # Non-contiguous: a transposed view is reduced in place through a copy.
+        base = value(me, 6 * 5).to(dt).view(6, 5)
+        view = base.t()
+        dist.all_reduce(view, group=group)
+        c.eq(f"all_reduce non-contiguous {dt}", base, reference("sum", n, 30).to(dt).view(6, 5))
+        # all_gather (list), equal blocks and uneven ones.
+        x = value(me, 7).to(dt)
+        outs = [torch.empty(7, dtype=dt) for _ in range(n)]
+        dist.all_gather(outs, x, group=group)
+        for q in range(n):
+            c.eq(f"all_gather {dt} block {q}", outs[q], value(q, 7).to(dt))
+        x = value(me, 3 + me).to(dt)
+        outs = [torch.empty(3 + q, dtype=dt) for q in range(n)]
+        dist.all_gather(outs, x, group=group)
+        for q in range(n):
+            c.eq(f"all_gather uneven {dt} block {q}", outs[q], value(q, 3 + q).to(dt))
+        # all_gather_into_tensor.
+        x = value(me, 5).to(dt)
+        out = torch.empty(n * 5, dtype=dt)
+        dist.all_gather_into_tensor(out, x, group=group)
+        c.eq(f"all_gather_into_tensor {dt}", out, torch.cat([value(q, 5) for q in range(n)]).to(dt))
+        out2 = torch.empty(n, 5, dtype=dt)
+        dist.all_gather_into_tensor(out2, x, group=group)
+        c.eq(f"all_gather_into_tensor 2-D {dt}", out2, torch.stack([value(q, 5) for q in range(n)]).to(dt))
+        # reduce_scatter (list) and reduce_scatter_tensor, SUM, MAX and (floats) AVG.
+        full = {name: reference(name, n, n * 6) for name in ("sum", "max")}
+        ins = [value(me, n * 6).to(dt)[q * 6 : (q + 1) * 6].clone() for q in range(n)]
+        out = torch.empty(6, dtype=dt)
+        dist.reduce_scatter(out, ins, group=group)
+        c.eq(f"reduce_scatter {dt}", out, full["sum"][me * 6 : (me + 1) * 6].to(dt))
+        for name in ("sum", "max"):
+            x = value(me, n * 6, name).to(dt)
+            out = torch.empty(6, dtype=dt)
+            dist.reduce_scatter_tensor(out, x, op=TORCH_OPS[name], group=group)
+            c.eq(f"reduce_scatter_tensor {dt} {name}", out, full[name][me * 6 : (me + 1) * 6].to(dt))
+        if dt in FLOATS:
+            x = value(me, n * 6).to(dt)
+            out = torch.empty(6, dtype=dt)
+            dist.reduce_scatter_tensor(out, x, op=R.AVG, group=group)
+            want = (full["sum"][me * 6 : (me + 1) * 6].double() / n).to(dt)
+            c.eq(f"reduce_scatter_tensor {dt} avg", out, want)
+        # broadcast from the last rank.
+        root = n - 1
+        x = value(me, 9).to(dt) if me == root else torch.zeros(9, dtype=dt)
+        dist.broadcast(x, group_src=root, group=group)
+        c.eq(f"broadcast {dt}", x, value(root, 9).to(dt))
+        # reduce to rank 0 (MAX): the others keep their input.
+        x = value(me, 11, "max").to(dt)
+        before = x.clone()
+        dist.reduce(x, group_dst=0, op=R.MAX, group=group)
+        c.eq(f"reduce {dt}", x, reference("max", n, 11).to(dt) if me == 0 else before)
+        # gather to the last rank, scatter from rank 0.
+        x = value(me, 4).to(dt)
+        glist = [torch.empty(4, dtype=dt) for _ in range(n)] if me == root else None
+        dist.gather(x, glist, group_dst=root, group=group)
+        if glist is not None:
+            for q in range(n):
+                c.eq(f"gather {dt} block {q}", glist[q], value(q, 4).to(dt))
+        slist = [value(q, 3).to(dt) for q in range(n)] if me == 0 else None
+        out = torch.empty(3, dtype=dt)
+        dist.scatter(out, slist, group_src=0, group=group)
+        c.eq(f"scatter {dt}", out, value(me, 3).to(dt))
+        # all_to_all_single, equal and uneven splits, and the list form.
+        x = torch.arange(n * 2, dtype=torch.int64).add(100 * me).to(dt)
+        out = torch.empty(n * 2, dtype=dt)
+        dist.all_to_all_single(out, x, group=group)
+        want = torch.cat([torch.arange(2 * me, 2 * me + 2) + 100 * q for q in range(n)]).to(dt)
+        c.eq(f"all_to_all_single {dt}", out, want)
+        # rank q sends (q + p + 1) rows to rank p
+        in_splits = [me + p + 1 for p in range(n)]
+        out_splits = [q + me + 1 for q in range(n)]
+        x = torch.cat([torch.full((s,), 10 * me + p, dtype=torch.int64) for p, s in enumerate(in_splits)]).to(dt)
+        out = torch.empty(sum(out_splits), dtype=dt)
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+        want = torch.cat([torch.full((s,), 10 * q + me, dtype=torch.int64) for q, s in enumerate(out_splits)]).to(dt)
+        c.eq(f"all_to_all_single uneven {dt}", out, want)
+        outs = [torch.empty(2, dtype=dt) for _ in range(n)]
+        dist.all_to_all(outs, [torch.full((2,), 10 * me + p, dtype=torch.int64).to(dt) for p in range(n)], group=group)
+        for q in range(n):
+            c.eq(f"all_to_all {dt} from {q}", outs[q], torch.full((2,), 10 * q + me, dtype=torch.int64).to(dt))
+        # send/recv: a ring shift with batch_isend_irecv (everyone sends first), then blocking pairs.
+        if n > 1:
+            right, left = (me + 1) % n, (me - 1) % n
+            gr = dist.get_global_rank(group, right) if group is not None else right
+            gl = dist.get_global_rank(group, left) if group is not None else left
+            for count in (3, 300_000):
+                send = value(me, count).to(dt)
+                recv = torch.empty(count, dtype=dt)
+                reqs = dist.batch_isend_irecv(
+                    [dist.P2POp(dist.isend, send, gr, group), dist.P2POp(dist.irecv, recv, gl, group)]
+                )
+                for q in reqs:
+                    q.wait()
+                c.eq(f"batch_isend_irecv ring shift {dt} {count}", recv, value(left, count).to(dt))
+            x = value(me, 5).to(dt)
+            if me % 2 == 0:
+                dist.send(x, gr, group=group)
+                y = torch.empty(5, dtype=dt)
+                dist.recv(y, gl, group=group)
+            else:
+                y = torch.empty(5, dtype=dt)
+                dist.recv(y, gl, group=group)
+                dist.send(x, gr, group=group)
+            c.eq(f"send/recv {dt}", y, value(left, 5).to(dt))
+            # Batches that differ on the two sides: blocking sends one by one against receives
+            # posted together (and the other way round).
+            a, b = value(me, 4).to(dt), value(me, 6).to(dt)
+            ya, yb = torch.empty(4, dtype=dt), torch.empty(6, dtype=dt)
+            if me % 2 == 0:
+                dist.send(a, gr, group=group)
+                dist.send(b, gr, group=group)
+                works = [dist.irecv(ya, gl, group=group), dist.irecv(yb, gl, group=group)]
+                for w in works:
+                    w.wait()
+            else:
+                works = [dist.irecv(ya, gl, group=group), dist.irecv(yb, gl, group=group)]
+                for w in works:
+                    w.wait()
+                dist.send(a, gr, group=group)
+                dist.send(b, gr, group=group)
+            c.eq(
+                f"send/recv split batches {dt}", torch.cat([ya, yb]), torch.cat([value(left, 4), value(left, 6)]).to(dt)
+            )
+    dist.barrier(group=group)
+    c.n += 1
+
+
+def check_async(c: Checks) -> None:
+    n, me = dist.get_world_size(), dist.get_rank()
+    xs = [value(me, 50_000 + k).float() for k in range(4)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    out = torch.empty(n * 8, dtype=torch.int32)
+    wg = dist.all_gather_into_tensor(out, value(me, 8).int(), async_op=True)
+    wb = dist.barrier(async_op=True)
+    c.true("async_op returns Work objects", all(isinstance(w, dist.Work) for w in [*works, wg, wb]))
+    for w in works:
+        c.true("Work.wait() is True", w.wait() is True)
+    wg.wait()
+    wb.wait()
+    for k, x in enumerate(xs):
+        c.eq(f"async all_reduce {k}", x, reference("sum", n, 50_000 + k).float())
+    c.eq("async all_gather_into_tensor", out, torch.cat([value(q, 8) for q in range(n)]).int())
+    c.true("Work.is_completed() after wait", all(w.is_completed() for w in [*works, wg, wb]))
+    fut = dist.all_reduce(value(me, 10).double(), async_op=True).get_future()
+    c.eq("async all_reduce through get_future()", fut.wait()[0], reference("sum", n, 10).double())
+
+
+def check_errors(c: Checks) -> dict[str, str]:
+    me = dist.get_rank()
+    texts = {}
+    texts["bool"] = c.raises(
+        "bool all_reduce",
+        lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)),
+        mt.UnsupportedError,
+        "all_reduce",
+        "torch.bool",
+    )
+    texts["int16"] = c.raises(
+        "int16 broadcast",
+        lambda: dist.broadcast(torch.ones(3, dtype=torch.int16), 0),
+        mt.UnsupportedError,
+        "broadcast",
+        "torch.int16",
+    )
+    # Complex tensors: torch itself hands SUM and broadcast over as float pairs (view_as_real).
+    z = torch.full((3,), 1 + 2j, dtype=torch.complex64)
+    dist.all_reduce(z)
+    c.eq(
+        "complex all_reduce (as float pairs)",
+        z,
+        torch.full((3,), (1 + 2j) * dist.get_world_size(), dtype=torch.complex64),
+    )
+    texts["band"] = c.raises(
+        "BAND", lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=R.BAND), mt.UnsupportedError, "BAND"
+    )
+    texts["anysource"] = c.raises(
+        "recv from any source", lambda: dist.recv(torch.ones(3)), mt.UnsupportedError, "recv from any source"
+    )
+    texts["tag"] = c.raises(
+        "tagged send", lambda: dist.send(torch.ones(3), (me + 1) % 2, tag=5), mt.UnsupportedError, "tag 5"
+    )
+    texts["uneven reduce_scatter"] = c.raises(
+        "uneven reduce_scatter",
+        lambda: dist.reduce_scatter(torch.empty(2), [torch.ones(2 + q) for q in range(dist.get_world_size())]),
+        mt.UnsupportedError,
+        "reduce_scatter",
+        "sizes",
+    )
+    texts["monitored_barrier"] = c.raises("monitored_barrier", dist.monitored_barrier, Exception)
+    # The group still works after refused calls (they were refused before anything was sent).
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    c.eq("all_reduce after refusals", x, torch.full((4,), float(dist.get_world_size())))
+    return texts
+
+
+# --- DDP: meshccl against Gloo -----------------------------------------------------------------------------
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def train(group: Any, steps: int, seed: int = 1234) -> tuple[list[torch.Tensor], float]:
+    """DDP over `group`, the same model, data and optimizer whatever the backend."""
+    torch.manual_seed(seed)
+    model = Net()
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(seed + 1000 * dist.get_rank())
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=gen)
+        y = torch.randn(16, 8, generator=gen)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+    elapsed = time.perf_counter() - t0
+    return [p.detach().clone() for p in model.parameters()], elapsed
+
+
+def check_ddp(c: Checks, mesh_pg: Any, gloo: Any, steps: int = 5) -> dict[str, Any]:
+    before = dict(mesh_pg.calls)
+    mesh_params, t_mesh = train(None, steps)
+    calls = {k: v - before.get(k, 0) for k, v in mesh_pg.calls.items() if v - before.get(k, 0)}
+    gloo_params, t_gloo = train(gloo, steps)
+    diff = max(float((a.double() - b.double()).abs().max()) for a, b in zip(mesh_params, gloo_params, strict=True))
+    c.true(f"DDP meshccl vs Gloo: max |difference| {diff:g} <= 1e-5", diff <= 1e-5)
+    # Every rank holds the same parameters (gathered over Gloo, compared exactly).
+    flat = torch.cat([p.double().reshape(-1) for p in mesh_params])
+    every = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, flat, group=gloo)
+    c.true("DDP: every rank holds the same parameters", all(torch.equal(e, flat) for e in every))
+    torch.manual_seed(1234)
+    start = [p.detach() for p in Net().parameters()]
+    moved = max(float((a.double() - b.double()).abs().max()) for a, b in zip(mesh_params, start, strict=True))
+    c.true("DDP: training moved the parameters", moved > 1e-3)
+    return {"ddp_max_diff": diff, "ddp_calls": calls, "ddp_seconds_meshccl": t_mesh, "ddp_seconds_gloo": t_gloo}
+
+
+# --- scenarios -------------------------------------------------------------------------------------------------
+
+
+def scenario_ops(c: Checks) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    dist.init_process_group("meshccl", timeout=datetime.timedelta(seconds=120))
+    out: dict[str, Any] = {"init_seconds": time.perf_counter() - t0}
+    pg = dist.distributed_c10d._get_default_group()
+    c.true("the default group is meshccl's", isinstance(pg, mt.ProcessGroupMeshccl) and dist.get_backend() == "meshccl")
+    out["transport"] = pg.communicator.info()["transport"]
+    out["native_async"] = pg._link.native_async
+    out["exchange"] = pg._link.has_exchange
+    n, me = dist.get_world_size(), dist.get_rank()
+    gloo = dist.new_group(backend="gloo")
+    c.true("the Gloo group is Gloo's", dist.get_backend(gloo) == "gloo")
+    t0 = time.perf_counter()
+    check_ops(c)
+    out["ops_seconds"] = time.perf_counter() - t0
+    check_async(c)
+    out["errors"] = check_errors(c)
+    # A Gloo group and the meshccl group side by side: the same reduction, the same result.
+    a = value(me, 777).float()
+    b = a.clone()
+    dist.all_reduce(a)
+    dist.all_reduce(b, group=gloo)
+    c.eq("Gloo group and meshccl group agree", a, b)
+    # A meshccl group of some of the ranks (its own communicator, met through torch's store).
+    members = list(range(n - 1))
+    sub = dist.new_group(members, backend="meshccl")
+    if me in members:
+        c.true("subgroup is meshccl's", dist.get_backend(sub) == "meshccl")
+        x = value(me, 1001).float()
+        dist.all_reduce(x, group=sub)
+        c.eq("subgroup all_reduce", x, reference("sum", n - 1, 1001).float())
+        y = torch.empty((n - 1) * 3, dtype=torch.int64)
+        dist.all_gather_into_tensor(y, value(me, 3), group=sub)
+        c.eq("subgroup all_gather", y, torch.cat([value(q, 3) for q in members]))
+    out.update(check_ddp(c, pg, gloo))
+    out["calls"] = dict(pg.calls)
+    dist.destroy_process_group()
+    return out
+
+
+def scenario_hostfile(c: Checks) -> dict[str, Any]:
+    dist.init_process_group("meshccl", timeout=datetime.timedelta(seconds=120))
+    pg = dist.distributed_c10d._get_default_group()
+    n, me = dist.get_world_size(), dist.get_rank()
+    info = pg.communicator.info()
+    out: dict[str, Any] = {"source": pg.communicator.plan.source, "transports": info["transports"]}
+    for count in (1, 4099, 3 << 20):
+        x = value(me, count).float()
+        dist.all_reduce(x)
+        c.eq(f"all_reduce {count}", x, reference("sum", n, count).float())
+    x = value(me, 2 << 20, "max").to(torch.bfloat16)
+    dist.all_reduce(x, op=R.MAX)
+    c.eq("all_reduce bfloat16 max", x, reference("max", n, 2 << 20).to(torch.bfloat16))
+    gloo = dist.new_group(backend="gloo")
+    out.update(check_ddp(c, pg, gloo, steps=3))
+    dist.destroy_process_group()
+    return out
+
+
+def scenario_notoken(c: Checks) -> dict[str, Any]:
+    text = c.raises("no token", lambda: dist.init_process_group("meshccl"), meshccl.AuthError, "MESHCCL_TOKEN")
+    return {"error": text}
+
+
+def main() -> int:
+    scenario = sys.argv[1]
+    c = Checks()
+    try:
+        result = {"ops": scenario_ops, "hostfile": scenario_hostfile, "notoken": scenario_notoken}[scenario](c)
+    except Exception as e:  # reported for the test to show
+        print(f"FAIL {type(e).__name__}: {e}", flush=True)
+        traceback.print_exc()
+        return 3
+    print(f"CHECKS {c.n}", flush=True)
+    print("RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), **result}), flush=True)
+    print("OK", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
