@@ -70,7 +70,7 @@ def digest(tree: dict) -> mx.array:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     parser.add_argument("--hidden", type=int, default=256)
@@ -87,7 +87,7 @@ def main() -> int:
     model.update(mccl.broadcast_tree(comm, model.parameters(), root=0))
     optimizer = optimizers.Adam(learning_rate=args.lr)
     mx.eval(model.parameters())
-    count = sum(v.size for _, v in tree_flatten(model.parameters()))
+    count = sum(value.size for _key, value in tree_flatten(model.parameters()))
 
     x_all, y_all = dataset(args.seed)
     x_mine, y_mine = mx.array(x_all[rank::size]), mx.array(y_all[rank::size])

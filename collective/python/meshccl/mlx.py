@@ -281,7 +281,8 @@ def _tree_collective(
     flat = _leaves(tree, what)
     if not flat:
         return tree
-    arrays = [a for _, a in flat]
+    keys = [key for key, _leaf in flat]
+    arrays = [leaf for _key, leaf in flat]
     results: list[Any] = [None] * len(arrays)
     for bucket in _buckets(arrays, all_reduce_size):
         members = [arrays[i] for i in bucket]
@@ -298,7 +299,7 @@ def _tree_collective(
             parts = _unpack(packed, members)
         for i, part in zip(bucket, parts):
             results[i] = part
-    return tree_unflatten([(key, r) for (key, _), r in zip(flat, results)])
+    return tree_unflatten(list(zip(keys, results)))
 
 
 def all_reduce_tree(comm: Any, tree: Any, op: str = "sum", *, all_reduce_size: int = ALL_REDUCE_SIZE) -> Any:
