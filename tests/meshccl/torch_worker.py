@@ -2,15 +2,15 @@
 
 Usage: torch_worker.py SCENARIO. Each check compares against a reference computed here from
 what every rank contributes (inputs are small integers, so every dtype and reduction is exact).
-Prints "CHECKS <n>", "RESULT <json>" and "OK" on success; on any failure "FAIL <type>: <message>"
+Prints "RESULT <json>" (with "checks": how many passed) and "OK" on success; on any failure "FAIL <type>: <message>"
 and exits 3.
 
 Scenarios:
   ops      every operation, reduction and dtype; async_op; errors; a Gloo group beside the meshccl
            one and a meshccl group of some ranks; DDP with meshccl and with Gloo from one seed.
   hostfile a meshccl.json layout (MESHCCL_HOSTFILE set, MESHCCL_RANK taken from torch's rank):
-           all-reduces large and small, a subgroup, DDP against Gloo.
-  notoken  init_process_group("meshccl") without MESHCCL_TOKEN (must raise meshccl.AuthError).
+           all-reduces large and small, groups of some ranks and a second world group on
+           fresh ports, DDP against Gloo.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import meshccl
 import meshccl.torch as mt
 import torch
 import torch.distributed as dist
@@ -368,6 +367,20 @@ def check_ddp(c: Checks, mesh_pg: Any, gloo: Any, steps: int = 5) -> dict[str, A
     return {"ddp_max_diff": diff, "ddp_calls": calls, "ddp_seconds_meshccl": t_mesh, "ddp_seconds_gloo": t_gloo}
 
 
+def timed(group: Any, elements: int, reps: int) -> float:
+    """Median seconds of one float32 all_reduce of `elements` over `group` (figures for the
+    report; nothing asserts on them)."""
+    x = torch.ones(elements)
+    dist.all_reduce(x, group=group)
+    times = []
+    for _ in range(reps):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        dist.all_reduce(x, group=group)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
 # --- scenarios -------------------------------------------------------------------------------------------------
 
 
@@ -407,6 +420,10 @@ def scenario_ops(c: Checks) -> dict[str, Any]:
         c.eq("subgroup all_gather", y, torch.cat([value(q, 3) for q in members]))
     out.update(check_ddp(c, pg, gloo))
     out["calls"] = dict(pg.calls)
+    out["timings"] = {
+        name: {"meshccl": timed(None, elements, reps), "gloo": timed(gloo, elements, reps)}
+        for name, elements, reps in (("4KiB", 1024, 200), ("16MiB", 4 << 20, 5))
+    }
     dist.destroy_process_group()
     return out
 
@@ -416,7 +433,12 @@ def scenario_hostfile(c: Checks) -> dict[str, Any]:
     pg = dist.distributed_c10d._get_default_group()
     n, me = dist.get_world_size(), dist.get_rank()
     info = pg.communicator.info()
-    out: dict[str, Any] = {"source": pg.communicator.plan.source, "transports": info["transports"]}
+    plan = pg.communicator.plan
+    out: dict[str, Any] = {
+        "source": plan.source,
+        "transports": info["transports"],
+        "endpoints": {q: [f"{a}:{p}" for a, p in eps] for q, (eps, _who) in plan.peers.items()},
+    }
     for count in (1, 4099, 3 << 20):
         x = value(me, count).float()
         dist.all_reduce(x)
@@ -424,28 +446,38 @@ def scenario_hostfile(c: Checks) -> dict[str, Any]:
     x = value(me, 2 << 20, "max").to(torch.bfloat16)
     dist.all_reduce(x, op=R.MAX)
     c.eq("all_reduce bfloat16 max", x, reference("max", n, 2 << 20).to(torch.bfloat16))
+    # Groups of meshccl.json's ranks on fresh ports: two ranks on different hosts (over their
+    # cables), and the whole world a second time (the first group holds the file's ports).
+    pair = [0, n // 2]
+    sub = dist.new_group(pair, backend="meshccl")
+    if me in pair:
+        out["pair_endpoints"] = {
+            q: [f"{a}:{p}" for a, p in eps] for q, (eps, _who) in sub.communicator.plan.peers.items()
+        }
+        x = value(pair.index(me), 100_000).float()
+        dist.all_reduce(x, group=sub)
+        c.eq("cross-host pair all_reduce", x, reference("sum", 2, 100_000).float())
+    again = dist.new_group(backend="meshccl")
+    x = value(me, 5000).double()
+    dist.all_reduce(x, group=again)
+    c.eq("second world group all_reduce", x, reference("sum", n, 5000).double())
+    out["again_source"] = again.communicator.plan.source
     gloo = dist.new_group(backend="gloo")
     out.update(check_ddp(c, pg, gloo, steps=3))
     dist.destroy_process_group()
     return out
 
 
-def scenario_notoken(c: Checks) -> dict[str, Any]:
-    text = c.raises("no token", lambda: dist.init_process_group("meshccl"), meshccl.AuthError, "MESHCCL_TOKEN")
-    return {"error": text}
-
-
 def main() -> int:
     scenario = sys.argv[1]
     c = Checks()
     try:
-        result = {"ops": scenario_ops, "hostfile": scenario_hostfile, "notoken": scenario_notoken}[scenario](c)
+        result = {"ops": scenario_ops, "hostfile": scenario_hostfile}[scenario](c)
     except Exception as e:  # reported for the test to show
         print(f"FAIL {type(e).__name__}: {e}", flush=True)
         traceback.print_exc()
         return 3
-    print(f"CHECKS {c.n}", flush=True)
-    print("RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), **result}), flush=True)
+    print("RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "checks": c.n, **result}), flush=True)
     print("OK", flush=True)
     return 0
 

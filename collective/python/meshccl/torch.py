@@ -1081,10 +1081,11 @@ def _plan_from_sub_hostfile(store: Any, rank: int, members: list[int], gen: int,
     """A group of some of the job's ranks over the cables meshccl.json names, on fresh ports."""
     path = env["MESHCCL_HOSTFILE"]
     data = bootstrap._load_json(path)
-    global_rank = bootstrap._int_env(env, "MESHCCL_RANK")
-    if members[rank] != global_rank:
+    global_rank = members[rank]
+    if "MESHCCL_RANK" in env and bootstrap._int_env(env, "MESHCCL_RANK") != global_rank:
         raise meshccl.BootstrapError(
-            f"meshccl backend: MESHCCL_RANK={global_rank} but torch says this process is global rank {members[rank]}"
+            f"meshccl backend: MESHCCL_RANK={env['MESHCCL_RANK']} but torch says this process is global rank "
+            f"{global_rank}"
         )
     entries = {e.get("rank"): e for e in data.get("ranks", []) if isinstance(e, dict)}
     missing = [g for g in members if g not in entries]
@@ -1129,6 +1130,8 @@ def _connect(
     if group_id and not whole_world:
         job_id = f"{job_id}/group-{group_id}"
     env["MESHCCL_JOB_ID"] = job_id
+    if "MESHCCL_HOSTFILE" in env and "MESHCCL_RANK" not in env and whole_world:
+        env["MESHCCL_RANK"] = str(rank)  # torchrun hands every worker the same environment: torch's rank is ours
     hostfile = "MESHCCL_RANK" in env or "MESHCCL_HOSTFILE" in env
     mlx = "MLX_RANK" in env and "MLX_HOSTFILE" in env
     torchrun = all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
