@@ -5,6 +5,9 @@ per runtime, the files each host needs and the ports that must be free.
 
 Global ranks are in ring order (hostfiles.ranks): host by host along the ring, each host's ranks
 together, so rank r and r+1 share a cable or a host. Every runtime gets the same rank numbers.
+meshccl and torch ranks both get the job's meshccl.json (MESHCCL_RANK, MESHCCL_WORLD_SIZE,
+MESHCCL_HOSTFILE): under torch, ``init_process_group("meshccl")`` then connects over every cable as
+planned, MESHCCL_RANK being torch's RANK.
 
 Secrets: the plan never holds a secret value. Every rank of every runtime gets ``MESHCCL_JOB_ID``
 (the job id) and ``MESHCCL_TOKEN``, a fresh job token made when the ranks start; the user's
