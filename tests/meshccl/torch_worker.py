@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import meshccl
 import meshccl.torch as mt
 import torch
 import torch.distributed as dist
@@ -381,6 +382,49 @@ def timed(group: Any, elements: int, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+# --- FSDP2 (fully_shard) and functional collectives: meshccl against Gloo -------------------------------
+
+
+def train_fsdp(group: Any, steps: int, seed: int = 99) -> list[torch.Tensor]:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 8))
+    mesh = DeviceMesh.from_group(group, "cpu")
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(seed + dist.get_rank())
+    for _ in range(steps):
+        loss = nn.functional.mse_loss(model(torch.randn(8, 24, generator=gen)), torch.randn(8, 8, generator=gen))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.to_local().detach().clone() for p in model.parameters()]  # this rank's shards
+
+
+def check_fsdp(c: Checks, mesh_pg: Any, gloo: Any) -> dict[str, Any]:
+    world = dist.group.WORLD
+    before = dict(mesh_pg.calls)
+    mesh_shards = train_fsdp(world, 3)
+    calls = {k: v - before.get(k, 0) for k, v in mesh_pg.calls.items() if v - before.get(k, 0)}
+    gloo_shards = train_fsdp(gloo, 3)
+    diff = max(float((a.double() - b.double()).abs().max()) for a, b in zip(mesh_shards, gloo_shards, strict=True))
+    c.true(f"FSDP2 meshccl vs Gloo: max |difference| {diff:g} <= 1e-5", diff <= 1e-5)
+    # Functional collectives (DTensor, torch.compile) reach the group through torch's C++ ops.
+    import torch.distributed._functional_collectives as fc
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    got = fc.all_reduce(value(me, 10).float(), "sum", world).wait()
+    c.eq("functional all_reduce", got, reference("sum", n, 10).float())
+    got = fc.all_gather_tensor(value(me, 4).float(), 0, world).wait()
+    c.eq("functional all_gather_tensor", got, torch.cat([value(q, 4) for q in range(n)]).float())
+    return {"fsdp_max_diff": diff, "fsdp_calls": calls}
+
+
 # --- scenarios -------------------------------------------------------------------------------------------------
 
 
@@ -419,11 +463,16 @@ def scenario_ops(c: Checks) -> dict[str, Any]:
         dist.all_gather_into_tensor(y, value(me, 3), group=sub)
         c.eq("subgroup all_gather", y, torch.cat([value(q, 3) for q in members]))
     out.update(check_ddp(c, pg, gloo))
+    out.update(check_fsdp(c, pg, gloo))
     out["calls"] = dict(pg.calls)
     out["timings"] = {
         name: {"meshccl": timed(None, elements, reps), "gloo": timed(gloo, elements, reps)}
         for name, elements, reps in (("4KiB", 1024, 200), ("16MiB", 4 << 20, 5))
     }
+    # A failed call: its error reaches Work.wait() (async) and names the mismatch; then the group
+    # is unusable, as meshccl's communicators are after an error.
+    work = dist.all_reduce(torch.ones(100 + me), async_op=True)
+    out["mismatch"] = c.raises("mismatched all_reduce", work.wait, meshccl.MismatchError, "mismatch")
     dist.destroy_process_group()
     return out
 

@@ -235,14 +235,18 @@ class _Completer:
             if item is None:
                 return
             handles, finish, fut, _op = item
+            del item
             try:
                 for h in handles:
                     h.wait()
                 result = finish()
             except BaseException as e:  # the operation's error goes to whoever waits on it
-                fut.set_exception(e)
+                # Without this thread's frames: they would keep the operation's buffers and
+                # meshccl's Work alive for as long as the error is kept.
+                fut.set_exception(e.with_traceback(None))
             else:
                 fut.set_result(result)
+            del handles, finish, fut
 
 
 class _Link:
@@ -252,7 +256,7 @@ class _Link:
     own progress thread and return at once; without it they run here and return done."""
 
     def __init__(self, comm: meshccl.Communicator) -> None:
-        self.comm = comm
+        self.comm: Any = comm
         self.native_async = hasattr(meshccl, "Work") and _accepts(comm.all_reduce, "async_op")
         self.has_exchange = hasattr(comm, "exchange")
 
@@ -281,12 +285,15 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank = rank
         self._size = size
-        self._comm = comm
+        self._comm: meshccl.Communicator | None = comm
+        self._plan = comm.plan
         self._link = _Link(comm)
         self._lock = threading.RLock()
         self._completer = _Completer(group_name or "group")
         self._p2p: list[tuple[str, torch.Tensor, torch.Tensor, bool, int, Future]] = []
         self._closed = False
+        self._group_name = group_name
+        self._group_desc = ""
         self.calls: Counter[str] = Counter()  # operation name -> times called (what DDP/FSDP use)
 
     # -- identity
@@ -306,12 +313,40 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
     def size(self) -> int:
         return self._size
 
+    # The group's name and description: torch sets them after creating the group and reads them
+    # back (DeviceMesh, FSDP2); a ProcessGroup written in Python keeps them itself.
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
     @property
     def communicator(self) -> meshccl.Communicator:
+        return self._live("communicator")
+
+    def _live(self, op: str) -> meshccl.Communicator:
+        if self._comm is None:
+            raise RuntimeError(f"meshccl backend: {op} on a process group that was shut down")
         return self._comm
 
     def __repr__(self) -> str:
-        return f"<meshccl ProcessGroup rank {self._rank} of {self._size} ({self._comm.plan.source})>"
+        return f"<meshccl ProcessGroup rank {self._rank} of {self._size} ({self._plan.source})>"
 
     # -- running operations
 
@@ -778,12 +813,13 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         self, op: str, outs: list[torch.Tensor], ins: list[torch.Tensor], whole: torch.Tensor | None = None
     ) -> _Work:
         n, me = self._size, self._rank
-        unlinked = [q for q in range(n) if q != me and not self._comm._native.linked(q)]
+        comm = self._live(op)
+        unlinked = [q for q in range(n) if q != me and not comm._native.linked(q)]
         if unlinked:
             raise _unsupported(
                 op,
-                f"rank {me} has no link to rank(s) {unlinked} in this job's cabling ({self._comm.plan.source}: "
-                f"{'a ring' if self._comm.plan.ring else 'not a full mesh'}); all-to-all needs every pair of ranks "
+                f"rank {me} has no link to rank(s) {unlinked} in this job's cabling ({self._plan.source}: "
+                f"{'a ring' if self._plan.ring else 'not a full mesh'}); all-to-all needs every pair of ranks "
                 "linked (torchrun, one host, a full mesh): use a Gloo group for it",
             )
         p2p = []  # (kind, user tensor, buffer, copied, peer)
@@ -947,9 +983,8 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
             raise ValueError(f"meshccl backend: {op}: {what} rank {r} is not in this group of {self._size} ranks")
 
     def abort(self) -> None:
-        abort = getattr(self._comm, "abort", None)
-        if abort is not None:
-            abort("torch.distributed abort")
+        if self._comm is not None:
+            self._comm.abort("torch.distributed abort()")
         self.shutdown()
 
     def shutdown(self) -> None:
@@ -961,8 +996,11 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 self._flush_p2p_locked()
             finally:
                 self._completer.stop()
-                _release(self._comm)
-                self._comm.close()
+                comm, self._comm = self._comm, None
+                self._link.comm = None  # nothing keeps the closed communicator alive (torch keeps groups)
+                if comm is not None:
+                    _release(comm)
+                    comm.close()
 
     def split_group(self, *args: Any, **kwargs: Any) -> None:
         raise _unsupported("split_group", "not supported: create the group with new_group(ranks, backend='meshccl')")
