@@ -269,7 +269,9 @@ def measure(run: Run, jobs: list[Job], args: argparse.Namespace) -> None:
             f["steps_done"] = replies[0]["steps_done"]
             f["per_rank_step_s"] = [r["step_s"] for r in replies]
             f["per_rank_ar_busy_s"] = [r["ar_busy_s"] for r in replies]
-            run.buckets = run.buckets or replies[0]["bucket_numel"]
+            for key in ("bucket_ddp_s", "bucket_issued_s"):
+                f[key.removesuffix("_s")] = [mean(list(col)) for col in zip(*(r[key] for r in replies), strict=True)]
+            run.buckets = replies[0]["bucket_numel"]
             say(
                 f"{head} {job.label:<11} step {f['step'] * 1e3:8.1f} ms  all-reduce in DDP {f['ar_busy'] * 1e3:8.1f} ms"
                 f"  loss {f['loss']:.4f}"
@@ -293,7 +295,7 @@ def measure(run: Run, jobs: list[Job], args: argparse.Namespace) -> None:
                 continue
             f = figures[job.label]
             f["alone"] = per_rank_mean(replies, "pass_s")
-            f["bucket_s"] = [mean(list(col)) for col in zip(*(r["bucket_s"] for r in replies), strict=True)]
+            f["bucket_alone"] = [mean(list(col)) for col in zip(*(r["bucket_s"] for r in replies), strict=True)]
             say(f"{head} {job.label:<11} buckets all-reduced alone {f['alone'] * 1e3:8.1f} ms per step")
 
 
@@ -441,15 +443,28 @@ def _rounds_table(run: Run, libs: list[str]) -> list[str]:
 def _bucket_table(run: Run, libs: list[str]) -> list[str]:
     if not run.buckets:
         return []
-    per = {lib: run.series(lib, "bucket_s") for lib in libs}
-    rows = []
-    for i, numel in enumerate(run.buckets):
-        row = [str(i), _mib(4 * numel)]
-        for lib in libs:
-            vals = [r[i] for r in per[lib] if len(r) > i]
-            row.append(_ms(statistics.median(vals)) if vals else "—")
-        rows.append(row)
-    return ["Each bucket all-reduced alone (ms, median over rounds):", "", *_table(["bucket", "size", *libs], rows), ""]
+
+    def med(lib: str, key: str, i: int) -> str:
+        vals = [r[i] for r in run.series(lib, key) if len(r) > i]
+        return _ms(statistics.median(vals)) if vals else "—"
+
+    head = ["bucket", "size", *[f"{lib} {what}" for lib in libs for what in ("issued at", "in DDP", "alone")]]
+    rows = [
+        [
+            str(i),
+            _mib(4 * numel),
+            *[med(lib, key, i) for lib in libs for key in ("bucket_issued", "bucket_ddp", "bucket_alone")],
+        ]
+        for i, numel in enumerate(run.buckets)
+    ]
+    return [
+        "Each bucket (ms, median over rounds; DDP's order: bucket 0 holds the last layers' gradients and is ready "
+        "first). *Issued at*: when the hook issued its all-reduce, counted from the step's start; *in DDP*: issue to "
+        "completion during training; *alone*: all-reduced outside DDP:",
+        "",
+        *_table(head, rows),
+        "",
+    ]
 
 
 def _check_lines(run: Run) -> list[str]:
@@ -572,28 +587,30 @@ def finish(run: Run, out: Path, name: str, started: float) -> None:
 # --- Gloo's shared-memory all-reduce -------------------------------------------------------------
 
 
-def gloo_shm_in_torch() -> tuple[bool, str]:
+def gloo_shm_in_torch(libdir: Path | None = None) -> tuple[bool, str]:
     """Whether this torch's Gloo was built with gloo/allreduce_shm.cc (pytorch/gloo PR #458, 2025-08):
-    its buffer name is a string in the library that holds Gloo."""
-    import importlib.util
+    the name it gives its buffers is a string in the library Gloo is linked into (libtorch_cpu)."""
+    if libdir is None:
+        import importlib.util
 
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.origin:
-        return False, "torch is not installed"
-    libdir = Path(spec.origin).parent / "lib"
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.origin:
+            return False, "torch is not installed"
+        libdir = Path(spec.origin).parent / "lib"
     libs = sorted(libdir.glob("libtorch_cpu.*")) or sorted(libdir.glob("libtorch.*"))
     if not libs:
         return False, f"no libtorch_cpu in {libdir}"
+    mark = GLOO_SHM_MARK.decode()
     for lib in libs:
         with open(lib, "rb") as f:
             tail = b""
             while chunk := f.read(1 << 24):
                 if GLOO_SHM_MARK in tail + chunk:
-                    return True, f"{lib.name} contains '{GLOO_SHM_MARK.decode()}' (gloo/allreduce_shm.cc)"
-                tail = chunk[-len(GLOO_SHM_MARK) :]
+                    return True, f"{lib.name} contains '{mark}' (gloo/allreduce_shm.cc)"
+                tail = chunk[-(len(GLOO_SHM_MARK) - 1) :]
     return False, (
-        f"not in this torch: {libs[0].name} has no '{GLOO_SHM_MARK.decode()}' (the name gloo/allreduce_shm.cc, "
-        "pytorch/gloo PR #458, gives its buffers; that path is taken when LOCAL_WORLD_SIZE equals the group size)"
+        f"not in this torch: {libs[0].name} has no '{mark}' (the name gloo/allreduce_shm.cc, pytorch/gloo PR #458, "
+        "gives its buffers; that path is taken when LOCAL_WORLD_SIZE equals the group size)"
     )
 
 

@@ -15,7 +15,9 @@ JSON line at a time:
   ``opt_s`` (optimizer step), ``ar_busy_s`` (time during which at least one gradient bucket's
   all-reduce was in flight: the union of the buckets' issue-to-completion intervals),
   ``ar_span_s`` (first bucket issued to last bucket completed), ``ar_sum_s`` (the buckets'
-  intervals added up), the mean loss and the bucket sizes.
+  intervals added up), the mean loss, the bucket sizes and, per bucket (mean over steps), its
+  issue-to-completion time ``bucket_ddp_s`` and when it was issued after the step began
+  ``bucket_issued_s``.
 - ``{"cmd": "compute", "steps": k}``: k forward + backward passes under ``ddp.no_sync()`` (no
   all-reduce, no optimizer step: parameters do not change); replies ``fb_s`` per pass.
 - ``{"cmd": "buckets", "iters": k}``: the same all-reduces outside DDP: a tensor of each bucket's
@@ -152,7 +154,7 @@ class Trainer:
 
     # --- commands ---------------------------------------------------------------------------
 
-    def _step(self) -> dict[str, float]:
+    def _step(self) -> dict[str, Any]:
         x, y = self.data[self.step_no]
         self.events.clear()
         t0 = time.perf_counter()
@@ -163,9 +165,9 @@ class Trainer:
         self.opt.step()
         t2 = time.perf_counter()
         self.step_no += 1
+        by_bucket = sorted(self.events)  # in bucket order (DDP's: the last layers' bucket first)
+        self.bucket_numel = [numel for _, _, _, numel in by_bucket]
         events = sorted(self.events, key=lambda e: e[1])
-        if not self.bucket_numel or len(self.bucket_numel) != len(events):
-            self.bucket_numel = [numel for _, _, _, numel in sorted(self.events)]  # in bucket order
         return {
             "step": t2 - t0,
             "fb": t1 - t0,
@@ -174,6 +176,8 @@ class Trainer:
             "span": (max(e[2] for e in events) - events[0][1]) if events else 0.0,
             "sum": sum(e[2] - e[1] for e in events),
             "loss": float(loss.detach()),
+            "bucket": [done - issued for _, issued, done, _ in by_bucket],
+            "issued": [issued - t0 for _, issued, _, _ in by_bucket],
         }
 
     def train(self, steps: int, warmup: int) -> dict[str, Any]:
@@ -181,6 +185,8 @@ class Trainer:
             self._step()
         dist.barrier()
         rows = [self._step() for _ in range(steps)]
+        nb = len(self.bucket_numel)
+        same = [r for r in rows if len(r["bucket"]) == nb]  # after warm-up DDP's buckets no longer change
         return {
             "step_s": [r["step"] for r in rows],
             "fb_s": [r["fb"] for r in rows],
@@ -190,6 +196,9 @@ class Trainer:
             "ar_sum_s": [r["sum"] for r in rows],
             "loss": sum(r["loss"] for r in rows) / max(1, len(rows)),
             "bucket_numel": self.bucket_numel,
+            # per bucket, mean over steps: issue to completion in DDP, and when it was issued
+            "bucket_ddp_s": [sum(r["bucket"][i] for r in same) / max(1, len(same)) for i in range(nb)],
+            "bucket_issued_s": [sum(r["issued"][i] for r in same) / max(1, len(same)) for i in range(nb)],
             "steps_done": self.step_no,
         }
 
