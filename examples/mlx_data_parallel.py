@@ -1,12 +1,13 @@
 """Data-parallel training of a small MLX model, gradients averaged by meshccl over every cable.
 
-    meshkit launch -i inventory/lab.yml -r meshccl -- .venv/bin/python examples/mlx_data_parallel.py
-    meshkit launch -i inventory/lab.yml -n 2 -r meshccl -- .venv/bin/python examples/mlx_data_parallel.py --steps 100
+    meshkit launch -i inventory/lab.yml -r meshccl --cwd "$PWD" -- .venv/bin/python examples/mlx_data_parallel.py
 
-The interpreter must have MLX and meshccl (the checkout's .venv does: requirements-dev.txt has
-mlx[cpu]; on Macs `pip install mlx` next to meshccl in the hosts' environment). `meshkit launch -r
-meshccl` gives every rank MESHCCL_RANK, MESHCCL_WORLD_SIZE, MESHCCL_HOSTFILE and the job token, which
-is all meshccl.init() reads.
+(-n 2 before the -- for two ranks per host; --steps 100 after the script for longer training.)
+Ranks start in a job directory of their own: --cwd (or absolute paths) makes the relative script
+path resolve, on every host, where it does here. The interpreter must have MLX and meshccl (the
+checkout's .venv does: requirements-dev.txt has mlx[cpu]; on Macs, `pip install mlx` into the
+environment that has meshccl). `meshkit launch -r meshccl` gives every rank MESHCCL_RANK,
+MESHCCL_WORLD_SIZE, MESHCCL_HOSTFILE and the job token, which is all meshccl.init() reads.
 
 Every rank builds the same MLP, takes rank 0's initial parameters (broadcast), and trains on its own
 shard of one synthetic dataset (labels from a fixed random "teacher" network, the same on every
