@@ -5,13 +5,14 @@ Two torchrun jobs carry most checks (tests/meshccl/torch_worker.py makes them on
 prints how many passed):
 - three ranks, torchrun's environment: every operation, reduction and dtype against references
   computed from every rank's inputs (small integers: exact in every dtype), async_op, the errors
-  of unsupported calls, a Gloo group beside the meshccl one, a meshccl group of some ranks, and
-  DDP trained with meshccl and with Gloo from one seed;
+  of unsupported calls, a Gloo group beside the meshccl one (and, after re-initialising, a meshccl
+  group beside a Gloo default), a meshccl group of some ranks, DDP and FSDP2 trained with meshccl
+  and with Gloo from one seed, functional collectives, a mismatched call's error through Work.wait();
 - four ranks as two simulated hosts of two ranks each (meshccl.json; cables are loopback
   addresses): the world uses both cables between the hosts, a group of some ranks and a second
   world group meet on fresh ports, DDP against Gloo.
 
-DDP tolerance: every step all-reduces float32 gradients; Gloo and meshccl may add the ranks'
+DDP (and FSDP2) tolerance: every step all-reduces float32 gradients; Gloo and meshccl may add the ranks'
 contributions in different orders, and float32 addition is not associative, so a sum may differ
 by about an ulp (6e-8 relative); a few SGD steps (lr 0.05, momentum 0.9) of a model whose
 parameters are O(0.1-1) carry that to about 1e-7. The bound asserted is 1e-5: 100x what rounding
@@ -84,7 +85,8 @@ def test_every_op_dtype_and_reduction_async_errors_groups_and_ddp_under_torchrun
         # meshccl's own async API (Work, exchange) carries the calls, not a synchronous fallback.
         assert r["native_async"] and r["exchange"], r
         assert r["transport"] == "shm", r  # torchrun's ranks on one host share memory
-        assert r["ddp_max_diff"] <= DDP_TOLERANCE, r
+        assert r["ddp_max_diff"] <= DDP_TOLERANCE and r["fsdp_max_diff"] <= DDP_TOLERANCE, r
+        assert "mismatched collective calls" in r["mismatch"], r
         errors = r["errors"]
         assert "all_reduce" in errors["bool"] and "torch.bool" in errors["bool"], errors
         assert "broadcast" in errors["int16"] and "torch.int16" in errors["int16"], errors
@@ -93,9 +95,13 @@ def test_every_op_dtype_and_reduction_async_errors_groups_and_ddp_under_torchrun
     # (and BatchNorm's buffers before every forward), one all_gather checking parameter shapes.
     calls = results[0]["ddp_calls"]
     assert set(calls) == {"all_reduce", "broadcast", "all_gather"} and calls["all_reduce"] >= 5, calls
+    # FSDP2 (fully_shard): parameters gathered, gradients reduce-scattered.
+    fsdp = results[0]["fsdp_calls"]
+    assert set(fsdp) == {"all_gather_into_tensor", "reduce_scatter_tensor"}, fsdp
     for name, t in results[0]["timings"].items():
         print(f"[ops] all_reduce {name}: meshccl {t['meshccl'] * 1e6:.0f} us, gloo {t['gloo'] * 1e6:.0f} us (rank 0)")
     print(f"[ops] DDP max |meshccl - gloo| = {results[0]['ddp_max_diff']:g}; calls {calls}")
+    print(f"[ops] FSDP2 max |meshccl - gloo| = {results[0]['fsdp_max_diff']:g}; calls {fsdp}")
 
 
 def test_meshccl_json_under_torchrun_uses_every_cable(tmp_path):
@@ -144,6 +150,7 @@ def test_without_a_token_init_process_group_raises_meshccls_auth_error(one_proce
     assert not dist.is_initialized()
 
 
+@pytest.mark.filterwarnings("ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning")
 def test_registration_and_a_one_rank_group(one_process_world):
     mt = one_process_world
     assert "meshccl" in dist.Backend.backend_list

@@ -474,6 +474,15 @@ def scenario_ops(c: Checks) -> dict[str, Any]:
     work = dist.all_reduce(torch.ones(100 + me), async_op=True)
     out["mismatch"] = c.raises("mismatched all_reduce", work.wait, meshccl.MismatchError, "mismatch")
     dist.destroy_process_group()
+    # Again, the other way round: Gloo the default group, meshccl a group beside it (a new
+    # communicator, met on a port agreed through torch's store again).
+    dist.init_process_group("gloo")
+    mesh = dist.new_group(backend="meshccl")
+    c.true("meshccl group beside a Gloo default", dist.get_backend() == "gloo" and dist.get_backend(mesh) == "meshccl")
+    x = value(me, 3001).double()
+    dist.all_reduce(x, group=mesh)
+    c.eq("all_reduce on a meshccl group beside a Gloo default", x, reference("sum", n, 3001).double())
+    dist.destroy_process_group()
     return out
 
 
