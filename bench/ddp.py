@@ -560,6 +560,17 @@ def plot(run: Run, path: Path) -> str:
     ax2.set_ylim(bottom=0)
     ax2.grid(True, alpha=0.3)
     ax2.legend(fontsize="small")
+    ratios = []
+    for lib in (x for x in libs if x != "gloo" and "gloo" in libs):
+        parts = []
+        for key, what in (("ar_busy", "all-reduce in DDP"), ("alone", "alone"), ("step", "step")):
+            g, me = run.median("gloo", key), run.median(lib, key)
+            if g and me:
+                parts.append(f"{what} {g / me:.2f}x")
+        if parts:
+            ratios.append(f"gloo ÷ {lib}: " + ", ".join(parts))
+    if ratios:
+        fig.suptitle("; ".join(ratios), fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -25,8 +25,8 @@ JSON line at a time:
   k passes after one untimed pass and a barrier; replies ``pass_s`` per pass and ``bucket_s``
   (per bucket, mean over passes).
 - ``{"cmd": "params", "save": path or ""}``: a SHA-256 of every parameter's bytes (the ranks of
-  one job must agree bit for bit), the step count, and with ``save`` this rank's flat parameter
-  vector written there (``torch.save``).
+  one job must agree bit for bit), the step count, and with ``save`` rank 0 writes its flat
+  parameter vector there (``torch.save``).
 - ``{"cmd": "quit"}``.
 
 Between commands every rank blocks reading its control socket, never inside a collective, so an
@@ -239,7 +239,7 @@ class Trainer:
     def params(self, save: str) -> dict[str, Any]:
         flat = torch.cat([p.detach().reshape(-1) for p in self.model.parameters()])
         digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-        if save:
+        if save and self.rank == 0:  # the other ranks' digests say whether theirs are the same
             torch.save(flat.clone(), save)
         return {"sha256": digest, "steps_done": self.step_no, "numel": flat.numel()}
 
