@@ -12,7 +12,6 @@ import ctypes
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import meshccl
@@ -342,13 +341,11 @@ def test_what_meshccl_cannot_take_is_refused_by_name(tmp_path):
 
 
 def test_data_parallel_step_gives_the_expected_average(tmp_path):
-    start = time.monotonic()
     results = job(hostfile(tmp_path, "tcp"), [str(DP_STEP)])
     for r, (code, out, err) in enumerate(results):
         assert code == 0, f"rank {r} exit {code}\nstdout: {out}\nstderr: {err}"
         line = out.strip()
         assert line.startswith(f"mlx-dp rank {r}/2 ok max_err=") and line.endswith("params=76810"), line
-    assert time.monotonic() - start < 60
 
 
 def test_data_parallel_step_fails_on_a_wrong_average(tmp_path):
