@@ -50,7 +50,14 @@ class Checks:
 
     def eq(self, what: str, got: torch.Tensor, want: torch.Tensor) -> None:
         self.n += 1
-        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        if got.dtype == want.dtype and got.shape == want.shape and not torch.equal(got, want):
+            bad = (got != want).flatten().nonzero().flatten()
+            i = int(bad[0])
+            raise AssertionError(
+                f"{what}: {bad.numel()} of {want.numel()} elements wrong, the first at {i}: "
+                f"expected {want.flatten()[i].item()} got {got.flatten()[i].item()}"
+            )
+        if got.dtype != want.dtype or got.shape != want.shape:
             raise AssertionError(
                 f"{what}: expected {want.flatten()[:8].tolist()} ({want.dtype}, {tuple(want.shape)}) "
                 f"got {got.flatten()[:8].tolist()} ({got.dtype}, {tuple(got.shape)})"

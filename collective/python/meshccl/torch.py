@@ -136,55 +136,7 @@ def _timeout_seconds(timeout: Any) -> float | None:
 # --- Work -------------------------------------------------------------------------------------------
 
 
-class _Work(dist._Work):
-    """A torch Work over a torch Future that the backend completes (its result: the output
-    tensors). wait() raises the operation's error; `before_wait` (point-to-point) posts the
-    calls this Work waits on if they are still held back."""
-
-    def __init__(self, op: str, fut: Future, before_wait: Callable[[], None] | None = None) -> None:
-        super().__init__()
-        self._op = op
-        self._fut = fut
-        self._before_wait = before_wait
-        self._done = threading.Event()
-        fut.add_done_callback(lambda _f: self._done.set())
-
-    def wait(self, timeout: Any = None) -> bool:
-        if self._before_wait is not None:
-            self._before_wait()
-        seconds = _timeout_seconds(timeout)
-        if seconds is not None and not self._done.wait(seconds):
-            raise meshccl.TimeoutError(f"meshccl backend: {self._op} did not complete within {seconds:g} s")
-        self._fut.wait()  # raises the operation's error
-        return True
-
-    def get_future(self) -> Future:
-        if self._before_wait is not None:
-            self._before_wait()
-        return self._fut
-
-    def is_completed(self) -> bool:
-        return self._fut.done()
-
-    def is_success(self) -> bool:
-        return self._fut.done() and self.exception() is None
-
-    def exception(self) -> BaseException | None:
-        if not self._fut.done():
-            return None
-        try:
-            self._fut.value()
-        except BaseException as e:  # the operation's error, handed to the caller
-            return e
-        return None
-
-    def result(self) -> list[torch.Tensor]:
-        self.wait()
-        value = self._fut.value()
-        return value if isinstance(value, list) else []
-
-    def __repr__(self) -> str:
-        return f"<meshccl Work {self._op} {'done' if self._fut.done() else 'pending'}>"
+Finish = Callable[[], Any]
 
 
 class _Done:
@@ -193,28 +145,72 @@ class _Done:
     def wait(self, timeout: float | None = None) -> bool:
         return True
 
+    def is_completed(self) -> bool:
+        return True
+
 
 _DONE = _Done()
-Finish = Callable[[], Any]
+
+
+class _Op:
+    """One operation: the meshccl calls it posted and its finishing step (copy back, divide),
+    completed exactly once by whoever comes first: the thread that waits on its Work (waiting
+    on meshccl's Works itself, no hand-off) or the group's completer thread (for Futures that
+    must complete by themselves: DDP's)."""
+
+    def __init__(self, name: str, handles: list[Any], finish: Finish | None) -> None:
+        self.name = name
+        self.fut: Future = Future()
+        self._lock = threading.Lock()
+        self._handles = handles
+        self._finish = finish
+        if finish is not None and all(h is _DONE for h in handles):
+            self.complete()
+
+    @property
+    def done(self) -> bool:
+        return self._finish is None
+
+    def ready(self) -> bool:
+        """Every posted call has ended (nothing to wait for)."""
+        return self._finish is None or all(h.is_completed() for h in self._handles)
+
+    def complete(self) -> None:
+        with self._lock:
+            if self._finish is None:
+                return
+            handles, finish = self._handles, self._finish
+            self._handles, self._finish = [], None
+            try:
+                for h in handles:
+                    h.wait()
+                result = finish()
+            except BaseException as e:  # the operation's error goes to whoever waits on it
+                # Without this frame: it would keep the operation's buffers and meshccl's Works
+                # alive for as long as the error is kept.
+                self.fut.set_exception(e.with_traceback(None))
+            else:
+                self.fut.set_result(result)
 
 
 class _Completer:
-    """One thread per group that waits on posted meshccl calls in submission order (the order
-    meshccl runs them in), runs each operation's finishing step (copy back, divide) and
-    completes its torch Future."""
+    """One thread per group that completes the operations whose Futures were asked for, in the
+    order they were asked for."""
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._cv = threading.Condition()
-        self._queue: list[tuple[list[Any], Finish, Future, str] | None] = []
+        self._queue: list[_Op | None] = []
         self._thread: threading.Thread | None = None
 
-    def submit(self, handles: list[Any], finish: Finish, fut: Future, op: str) -> None:
+    def submit(self, op: _Op) -> None:
+        if op.done:
+            return
         with self._cv:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"meshccl-torch-{self._name}", daemon=True)
                 self._thread.start()
-            self._queue.append((handles, finish, fut, op))
+            self._queue.append(op)
             self._cv.notify()
 
     def stop(self) -> None:
@@ -231,22 +227,68 @@ class _Completer:
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
-                item = self._queue.pop(0)
-            if item is None:
+                op = self._queue.pop(0)
+            if op is None:
                 return
-            handles, finish, fut, _op = item
-            del item
-            try:
-                for h in handles:
-                    h.wait()
-                result = finish()
-            except BaseException as e:  # the operation's error goes to whoever waits on it
-                # Without this thread's frames: they would keep the operation's buffers and
-                # meshccl's Work alive for as long as the error is kept.
-                fut.set_exception(e.with_traceback(None))
-            else:
-                fut.set_result(result)
-            del handles, finish, fut
+            op.complete()
+            del op
+
+
+class _Work(dist._Work):
+    """torch's Work for one operation (or one send/receive). `source` gives the _Op that
+    completes it (for a send or receive: after posting the held-back batch it belongs to);
+    `fut` is its Future (the output tensors)."""
+
+    def __init__(self, name: str, fut: Future, source: Callable[[], _Op], completer: _Completer) -> None:
+        super().__init__()
+        self._name = name
+        self._fut = fut
+        self._source = source
+        self._completer = completer
+
+    def wait(self, timeout: Any = None) -> bool:
+        op = self._source()
+        seconds = _timeout_seconds(timeout)
+        if seconds is None:
+            op.complete()
+        else:
+            done = threading.Event()
+            self._fut.add_done_callback(lambda _f: done.set())
+            self._completer.submit(op)
+            if not done.wait(seconds):
+                raise meshccl.TimeoutError(f"meshccl backend: {self._name} did not complete within {seconds:g} s")
+        self._fut.wait()  # raises the operation's error
+        return True
+
+    def get_future(self) -> Future:
+        self._completer.submit(self._source())
+        return self._fut
+
+    def is_completed(self) -> bool:
+        op = self._source()
+        if not op.done and op.ready():
+            op.complete()
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        if not self.is_completed():
+            return None
+        try:
+            self._fut.value()
+        except BaseException as e:  # the operation's error, handed to the caller
+            return e
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        value = self._fut.value()
+        return value if isinstance(value, list) else []
+
+    def __repr__(self) -> str:
+        return f"<meshccl Work {self._name} {'done' if self._fut.done() else 'pending'}>"
 
 
 class _Link:
@@ -290,7 +332,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         self._link = _Link(comm)
         self._lock = threading.RLock()
         self._completer = _Completer(group_name or "group")
-        self._p2p: list[tuple[str, torch.Tensor, torch.Tensor, bool, int, Future]] = []
+        self._p2p: list[_P2P] = []
         self._closed = False
         self._group_name = group_name
         self._group_desc = ""
@@ -363,13 +405,8 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
             def call(method: str, *args: Any, **kwargs: Any) -> None:
                 handles.append(self._link.call(method, *args, **kwargs))
 
-            finish = body(call)
-            fut: Future = Future()
-            if all(h is _DONE for h in handles):
-                fut.set_result(finish())
-            else:
-                self._completer.submit(handles, finish, fut, op)
-            return _Work(op, fut)
+            posted = _Op(op, handles, body(call))
+            return _Work(op, posted.fut, lambda: posted, self._completer)
 
     # -- all_reduce
 
@@ -867,12 +904,19 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 raise RuntimeError(f"meshccl backend: {kind} on a process group that was shut down")
             self.calls[kind] += 1
             buf, copied = _flat(t)
-            fut: Future = Future()
             # Held back until something waits on one of them or another operation comes: then the
             # sends and receives posted meanwhile go out together (batch_isend_irecv, a ring shift:
             # every rank sends first, and none waits for its send before its receive).
-            self._p2p.append((kind, t, buf, copied, peer, fut))
-            return _Work(kind, fut, before_wait=self._flush_p2p)
+            item = _P2P(kind, t, buf, copied, peer)
+            self._p2p.append(item)
+
+            def source() -> _Op:
+                if item.op is None:
+                    self._flush_p2p()
+                assert item.op is not None
+                return item.op
+
+            return _Work(kind, item.fut, source, self._completer)
 
     def _flush_p2p(self) -> None:
         with self._lock:
@@ -882,41 +926,36 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         if not self._p2p:
             return
         batch, self._p2p = self._p2p, []
-        futs = [item[5] for item in batch]
-        p2p = [(kind, t, buf, copied, peer) for kind, t, buf, copied, peer, _fut in batch]
+        p2p = [(i.kind, i.tensor, i.buf, i.copied, i.peer) for i in batch]
+        handles: list[Any] = []
+
+        def call(method: str, *args: Any, **kwargs: Any) -> None:
+            handles.append(self._link.call(method, *args, **kwargs))
+
         try:
-            handles: list[Any] = []
-
-            def call(method: str, *args: Any, **kwargs: Any) -> None:
-                handles.append(self._link.call(method, *args, **kwargs))
-
             finish = self._post_p2p(call, p2p, None, None)
         except BaseException as e:  # every held-back operation fails with the batch's error
-            for f in futs:
-                f.set_exception(e)
-            return
-        done: Future = Future()
+            error = e.with_traceback(None)
+
+            def fail() -> None:
+                raise error
+
+            finish = fail
+        op = _Op("send/recv", handles, finish)
 
         def settle(f: Future) -> None:
             try:
                 f.value()
             except BaseException as e:  # the batch's error, for each operation in it
-                for g in futs:
-                    g.set_exception(e)
+                for i in batch:
+                    i.fut.set_exception(e)
                 return
-            for (_kind, t, *_rest), g in zip(p2p, futs):
-                g.set_result([t])
+            for i in batch:
+                i.fut.set_result([i.tensor])
 
-        done.add_done_callback(settle)
-        if all(h is _DONE for h in handles):
-            try:
-                finish()
-            except BaseException as e:  # handed to the Works
-                done.set_exception(e)
-            else:
-                done.set_result(None)
-        else:
-            self._completer.submit(handles, finish, done, "send/recv")
+        op.fut.add_done_callback(settle)  # at once if the batch already ran
+        for i in batch:
+            i.op = op
 
     def _post_p2p(
         self,
@@ -972,9 +1011,8 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
 
     def _end_coalescing(self, device: Any = None) -> _Work:
         self._flush_p2p()
-        fut: Future = Future()
-        fut.set_result([])
-        return _Work("coalescing", fut)
+        done = _Op("coalescing", [], list)
+        return _Work("coalescing", done.fut, lambda: done, self._completer)
 
     # -- unsupported and lifecycle
 
@@ -1007,6 +1045,21 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
 
     def merge_remote_group(self, *args: Any, **kwargs: Any) -> None:
         raise _unsupported("merge_remote_group", "not supported")
+
+
+class _P2P:
+    """A send or receive held back until its batch is posted."""
+
+    __slots__ = ("buf", "copied", "fut", "kind", "op", "peer", "tensor")
+
+    def __init__(self, kind: str, tensor: torch.Tensor, buf: torch.Tensor, copied: bool, peer: int) -> None:
+        self.kind = kind
+        self.tensor = tensor
+        self.buf = buf
+        self.copied = copied
+        self.peer = peer
+        self.fut: Future = Future()
+        self.op: _Op | None = None
 
 
 def _split(op: str, what: str, t: torch.Tensor, sizes: Sequence[int], n: int) -> list[torch.Tensor]:
