@@ -27,11 +27,11 @@ from meshccl import bootstrap
 # Element counts: primes well away from any power of two, so that no call divides evenly into
 # 64 KiB or 256 KiB segments, nor into equal per-rank chunks.
 F32_COUNT = 1_048_573  # 4 MiB - 12 B
-I64_COUNT = 655_357  # 5 MiB - 24 B
-I32_COUNT = 786_431  # 3 MiB - 4 B
-GATHER_COUNT = 262_139  # per rank, int32
-SCATTER_COUNT = 196_597  # per rank, float64
-BCAST_COUNT = 917_503  # float64, 7 MiB - 8 B
+I64_COUNT = 393_209  # 3 MiB - 56 B
+I32_COUNT = 393_203  # 1.5 MiB - 52 B
+GATHER_COUNT = 262_139  # per rank, int32: 1 MiB - 20 B
+SCATTER_COUNT = 131_071  # per rank, float64: 1 MiB - 8 B
+BCAST_COUNT = 393_191  # float64, 3 MiB - 136 B
 
 
 class Wrong(Exception):
@@ -54,8 +54,7 @@ def f32_of(rank: int, count: int) -> np.ndarray:
 
 def i64_of(rank: int, count: int) -> np.ndarray:
     # Uses the high bits too: a block landing at the wrong offset or from the wrong rank shows.
-    i = np.arange(count, dtype=np.int64)
-    return i * 7919 + (rank + 1) * (1 << 40) + rank * 3
+    return np.arange(count, dtype=np.int64) * 7919 + (rank + 1) * (1 << 40) + rank * 3
 
 
 def i32_of(rank: int, count: int) -> np.ndarray:
@@ -63,40 +62,40 @@ def i32_of(rank: int, count: int) -> np.ndarray:
 
 
 def run(comm: meshccl.Communicator) -> None:
+    """Each call, then its result checked against what it must be (sums in closed form)."""
     n, r = comm.size, comm.rank
-    ranks = range(n)
+    tri = n * (n + 1) // 2  # sum of rank + 1 over all ranks
 
-    count = F32_COUNT
-    x = f32_of(r, count)
+    x = f32_of(r, F32_COUNT)
     comm.all_reduce(x)
-    check("all_reduce float32 sum", x, sum(f32_of(q, count).astype(np.int64) for q in ranks).astype(np.float32))
+    check("all_reduce float32 sum", x, (tri * (1 + np.arange(F32_COUNT) % 1021)).astype(np.float32))
 
-    count = I64_COUNT
-    x = i64_of(r, count)
+    x = i64_of(r, I64_COUNT)
     comm.all_reduce(x)
-    check("all_reduce int64 sum", x, sum(i64_of(q, count) for q in ranks))
+    check("all_reduce int64 sum", x, n * 7919 * np.arange(I64_COUNT, dtype=np.int64) + tri * (1 << 40) + 3 * (tri - n))
 
-    count = I32_COUNT
-    x = i32_of(r, count)
+    x = i32_of(r, I32_COUNT)
     out = np.empty_like(x)
     comm.all_reduce(x, op="max", out=out)
-    check("all_reduce int32 max (out)", out, np.max(np.stack([i32_of(q, count) for q in ranks]), axis=0))
-    check("all_reduce int32 max: input untouched", x, i32_of(r, count))
+    want = i32_of(0, I32_COUNT)
+    for q in range(1, n):
+        np.maximum(want, i32_of(q, I32_COUNT), out=want)
+    check("all_reduce int32 max (out)", out, want)
+    check("all_reduce int32 max: input untouched", x, i32_of(r, I32_COUNT))
 
-    count = GATHER_COUNT
-    blocks = [(np.arange(count, dtype=np.int32) * 13 + q * 1_000_003) for q in ranks]
-    got = comm.all_gather(blocks[r])
-    check("all_gather int32", got, np.concatenate(blocks))
+    got = comm.all_gather(np.arange(GATHER_COUNT, dtype=np.int32) * 13 + r * 1_000_003)
+    want = np.tile(np.arange(GATHER_COUNT, dtype=np.int32) * 13, n) + np.repeat(
+        np.arange(n, dtype=np.int32) * 1_000_003, GATHER_COUNT
+    )
+    check("all_gather int32", got, want)
 
-    count = SCATTER_COUNT
-    full = [np.arange(n * count, dtype=np.float64) * (q + 1) + q for q in ranks]
-    part = comm.reduce_scatter(full[r])
-    check("reduce_scatter float64 sum", part, sum(full)[r * count : (r + 1) * count])
+    part = comm.reduce_scatter(np.arange(n * SCATTER_COUNT, dtype=np.float64) * (r + 1) + r)
+    mine = np.arange(r * SCATTER_COUNT, (r + 1) * SCATTER_COUNT, dtype=np.float64)
+    check("reduce_scatter float64 sum", part, mine * tri + (tri - n))
 
-    count = BCAST_COUNT
     for root in sorted({0, n - 1}):
-        payload = np.arange(count, dtype=np.float64) * 0.5 + root
-        buf = payload.copy() if r == root else np.full(count, -1.0)
+        payload = np.arange(BCAST_COUNT, dtype=np.float64) * 0.5 + root
+        buf = payload.copy() if r == root else np.full(BCAST_COUNT, -1.0)
         comm.broadcast(buf, root=root)
         check(f"broadcast float64 from rank {root}", buf, payload)
 
