@@ -271,6 +271,15 @@ def check_async(c: Checks) -> None:
         c.eq(f"async all_reduce {k}", x, reference("sum", n, 50_000 + k).float())
     c.eq("async all_gather_into_tensor", out, torch.cat([value(q, 8) for q in range(n)]).int())
     c.true("Work.is_completed() after wait", all(w.is_completed() for w in [*works, wg, wb]))
+    # Async calls nobody waits on still finish (AVG's division, a non-contiguous tensor's copy
+    # back) once a later call is waited on, as with torch's own backends.
+    a = value(me, 10).float()
+    dist.all_reduce(a, op=R.AVG, async_op=True)
+    base = value(me, 12).float().view(3, 4)
+    dist.all_reduce(base.t(), async_op=True)
+    dist.all_reduce(torch.ones(1))
+    c.eq("unwaited async AVG", a, reference("sum", n, 10).float() / n)
+    c.eq("unwaited async non-contiguous", base, reference("sum", n, 12).float().view(3, 4))
     fut = dist.all_reduce(value(me, 10).double(), async_op=True).get_future()
     c.eq("async all_reduce through get_future()", fut.wait()[0], reference("sum", n, 10).double())
 

@@ -195,10 +195,11 @@ class _Op:
 
 class _Completer:
     """One thread per group that completes the operations whose Futures were asked for, in the
-    order they were asked for."""
+    order they were asked for (through `complete`: the group's, which completes earlier ones too)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, complete: Callable[[_Op], None]) -> None:
         self._name = name
+        self._complete = complete
         self._cv = threading.Condition()
         self._queue: list[_Op | None] = []
         self._thread: threading.Thread | None = None
@@ -230,7 +231,7 @@ class _Completer:
                 op = self._queue.pop(0)
             if op is None:
                 return
-            op.complete()
+            self._complete(op)
             del op
 
 
@@ -239,18 +240,19 @@ class _Work(dist._Work):
     completes it (for a send or receive: after posting the held-back batch it belongs to);
     `fut` is its Future (the output tensors)."""
 
-    def __init__(self, name: str, fut: Future, source: Callable[[], _Op], completer: _Completer) -> None:
+    def __init__(self, name: str, fut: Future, source: Callable[[], _Op], group: ProcessGroupMeshccl) -> None:
         super().__init__()
         self._name = name
         self._fut = fut
         self._source = source
-        self._completer = completer
+        self._completer = group._completer
+        self._complete = group._complete_through
 
     def wait(self, timeout: Any = None) -> bool:
         op = self._source()
         seconds = _timeout_seconds(timeout)
         if seconds is None:
-            op.complete()
+            self._complete(op)
         else:
             done = threading.Event()
             self._fut.add_done_callback(lambda _f: done.set())
@@ -267,7 +269,7 @@ class _Work(dist._Work):
     def is_completed(self) -> bool:
         op = self._source()
         if not op.done and op.ready():
-            op.complete()
+            self._complete(op)
         return self._fut.done()
 
     def is_success(self) -> bool:
@@ -331,7 +333,9 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         self._plan = comm.plan
         self._link = _Link(comm)
         self._lock = threading.RLock()
-        self._completer = _Completer(group_name or "group")
+        self._completer = _Completer(group_name or "group", self._complete_through)
+        self._unfinished: list[_Op] = []  # in submission order (meshccl's order)
+        self._unfinished_lock = threading.Lock()
         self._p2p: list[_P2P] = []
         self._closed = False
         self._group_name = group_name
@@ -405,8 +409,27 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
             def call(method: str, *args: Any, **kwargs: Any) -> None:
                 handles.append(self._link.call(method, *args, **kwargs))
 
-            posted = _Op(op, handles, body(call))
-            return _Work(op, posted.fut, lambda: posted, self._completer)
+            posted = self._track(_Op(op, handles, body(call)))
+            return _Work(op, posted.fut, lambda: posted, self)
+
+    def _track(self, op: _Op) -> _Op:
+        if not op.done:
+            with self._unfinished_lock:
+                self._unfinished.append(op)
+        return op
+
+    def _complete_through(self, op: _Op) -> None:
+        """Completes `op` and every operation posted before it (meshccl runs them in order, so
+        they have ended too): an async operation nobody waited on still gets its finishing step
+        (copy back, AVG's division) once a later one is waited on, as torch's backends do."""
+        with self._unfinished_lock:
+            if op in self._unfinished:
+                k = self._unfinished.index(op) + 1
+                earlier, self._unfinished = self._unfinished[:k], self._unfinished[k:]
+            else:
+                earlier = [op]
+        for o in earlier:
+            o.complete()
 
     # -- all_reduce
 
@@ -916,7 +939,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 assert item.op is not None
                 return item.op
 
-            return _Work(kind, item.fut, source, self._completer)
+            return _Work(kind, item.fut, source, self)
 
     def _flush_p2p(self) -> None:
         with self._lock:
@@ -941,7 +964,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 raise error
 
             finish = fail
-        op = _Op("send/recv", handles, finish)
+        op = self._track(_Op("send/recv", handles, finish))
 
         def settle(f: Future) -> None:
             try:
@@ -1012,7 +1035,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
     def _end_coalescing(self, device: Any = None) -> _Work:
         self._flush_p2p()
         done = _Op("coalescing", [], list)
-        return _Work("coalescing", done.fut, lambda: done, self._completer)
+        return _Work("coalescing", done.fut, lambda: done, self)
 
     # -- unsupported and lifecycle
 
@@ -1038,7 +1061,11 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 self._link.comm = None  # nothing keeps the closed communicator alive (torch keeps groups)
                 if comm is not None:
                     _release(comm)
-                    comm.close()
+                    comm.close()  # aborts calls still running: their operations end with that error
+                with self._unfinished_lock:
+                    left, self._unfinished = self._unfinished, []
+                for o in left:
+                    o.complete()
 
     def split_group(self, *args: Any, **kwargs: Any) -> None:
         raise _unsupported("split_group", "not supported: create the group with new_group(ranks, backend='meshccl')")
