@@ -540,7 +540,7 @@ def test_ddp_parity_fails_naming_the_rank_whose_parameters_differ(lab):
     failed = [r for r in summary["ranks"] if r["state"] == "failed"]
     assert failed and all(r["exit_code"] == 1 for r in failed), summary
     assert not any(r["state"] == "ok" for r in summary["ranks"]), summary
-    assert re.search(r"failed: rank \d \(node\d\) exit code 1", output), output
+    assert re.search(r"^meshkit launch: rank \d \(node\d\) failed: exit code 1$", output, re.M), output
     named = re.findall(r"ddp-parity rank (\d)/8 on node\d: FAILED: (.*)$", output, re.M)
     assert named, output
     assert all(
