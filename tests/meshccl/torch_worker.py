@@ -451,8 +451,6 @@ def scenario_ops(c: Checks) -> dict[str, Any]:
     pg = dist.distributed_c10d._get_default_group()
     c.true("the default group is meshccl's", isinstance(pg, mt.ProcessGroupMeshccl) and dist.get_backend() == "meshccl")
     out["transport"] = pg.communicator.info()["transport"]
-    out["native_async"] = pg._link.native_async
-    out["exchange"] = pg._link.has_exchange
     n, me = dist.get_world_size(), dist.get_rank()
     gloo = dist.new_group(backend="gloo")
     c.true("the Gloo group is Gloo's", dist.get_backend(gloo) == "gloo")

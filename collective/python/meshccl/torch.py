@@ -32,7 +32,6 @@ sends and receives.
 from __future__ import annotations
 
 import datetime
-import inspect
 import ipaddress
 import json
 import os
@@ -139,19 +138,6 @@ def _timeout_seconds(timeout: Any) -> float | None:
 Finish = Callable[[], Any]
 
 
-class _Done:
-    """A call that already ran (a Communicator without async_op)."""
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-
-_DONE = _Done()
-
-
 class _Op:
     """One operation: the meshccl calls it posted and its finishing step (copy back, divide),
     completed exactly once by whoever comes first: the thread that waits on its Work (waiting
@@ -164,7 +150,7 @@ class _Op:
         self._lock = threading.Lock()
         self._handles = handles
         self._finish = finish
-        if finish is not None and all(h is _DONE for h in handles):
+        if finish is not None and not handles:
             self.complete()
 
     @property
@@ -294,29 +280,19 @@ class _Work(dist._Work):
 
 
 class _Link:
-    """The Communicator as the process group drives it: a call returns a handle to wait on.
-
-    With meshccl's async API (meshccl.Work, `async_op=`) calls are queued on the communicator's
-    own progress thread and return at once; without it they run here and return done."""
+    """The Communicator as the process group drives it: every call is queued on the
+    communicator's own progress thread (async_op=True) and returns a meshccl.Work at once."""
 
     def __init__(self, comm: meshccl.Communicator) -> None:
+        if not hasattr(comm, "exchange") or not hasattr(meshccl, "Work"):
+            raise meshccl.BootstrapError(
+                "meshccl backend: this meshccl has no async calls (meshccl.Work, exchange): the package is older "
+                "than meshccl/torch.py; reinstall meshccl"
+            )
         self.comm: Any = comm
-        self.native_async = hasattr(meshccl, "Work") and _accepts(comm.all_reduce, "async_op")
-        self.has_exchange = hasattr(comm, "exchange")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        fn = getattr(self.comm, method)
-        if self.native_async:
-            return fn(*args, async_op=True, **kwargs)
-        fn(*args, **kwargs)
-        return _DONE
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+        return getattr(self.comm, method)(*args, async_op=True, **kwargs)
 
 
 # --- the process group --------------------------------------------------------------------------------
@@ -998,8 +974,6 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         grouping; messages to different peers still go out together (a ring shift cannot
         deadlock). Within one flush a pair's two directions are put in one order both ends agree
         on (the lower rank's send first); each direction keeps its own order."""
-        if not self._link.has_exchange:
-            raise _unsupported("send/recv", "this meshccl build has no exchange(): rebuild meshccl")
         if one_batch:
             batches = [p2p]
         else:
