@@ -38,7 +38,6 @@ import os
 import secrets
 import socket
 import threading
-import warnings
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Callable
@@ -1271,15 +1270,6 @@ def register() -> None:
     """Registers the backend "meshccl" with torch.distributed (idempotent)."""
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
-
-
-def _autoload() -> None:
-    """The entry point torch calls at `import torch` (group "torch.backends"): must never raise,
-    or `import torch` fails."""
-    try:
-        register()
-    except Exception as e:  # a broken meshccl must not break torch
-        warnings.warn(f"meshccl: not registered as a torch.distributed backend: {e}", stacklevel=1)
 
 
 register()
