@@ -284,6 +284,24 @@ def check_async(c: Checks) -> None:
     c.eq("async all_reduce through get_future()", fut.wait()[0], reference("sum", n, 10).double())
 
 
+def check_objects(c: Checks) -> None:
+    """torch's object collectives (pickles in uint8 tensors, sizes in int64 ones)."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    objs: list[Any] = [None] * n
+    dist.all_gather_object(objs, {"rank": me, "text": "x" * (10 * me)})
+    c.true("all_gather_object", objs == [{"rank": q, "text": "x" * (10 * q)} for q in range(n)])
+    box = [{"from": "root", "n": n}] if me == n - 1 else [None]
+    dist.broadcast_object_list(box, src=n - 1)
+    c.true("broadcast_object_list", box == [{"from": "root", "n": n}])
+    got: list[Any] = [None] * n if me == 0 else []
+    dist.gather_object(("rank", me), got if me == 0 else None, dst=0)
+    if me == 0:
+        c.true("gather_object", got == [("rank", q) for q in range(n)])
+    out: list[Any] = [None]
+    dist.scatter_object_list(out, [f"for {q}" for q in range(n)] if me == 0 else None, src=0)
+    c.true("scatter_object_list", out == [f"for {me}"])
+
+
 def check_errors(c: Checks) -> dict[str, str]:
     me = dist.get_rank()
     texts = {}
@@ -458,6 +476,7 @@ def scenario_ops(c: Checks) -> dict[str, Any]:
     check_ops(c)
     out["ops_seconds"] = time.perf_counter() - t0
     check_async(c)
+    check_objects(c)
     out["errors"] = check_errors(c)
     # A Gloo group and the meshccl group side by side: the same reduction, the same result.
     a = value(me, 777).float()
