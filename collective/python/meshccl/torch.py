@@ -27,6 +27,15 @@ meshccl has no native reduce, gather, scatter or all-to-all: reduce is an all-re
 scratch buffer on the ranks that are not the root, gather an all-gather that the root keeps,
 scatter a broadcast of the root's blocks (each rank keeps its own), all-to-all one batch of
 sends and receives.
+
+Sends and receives are held back until one of them is waited on (or another operation comes),
+then posted together as meshccl exchanges, one message per peer in each, so a ring shift
+(batch_isend_irecv: every rank sends first) cannot deadlock and either side may group its
+messages as it likes. Waiting on a Work completes it on the waiting thread; a Future asked
+for (DDP's) is completed by the group's own thread.
+
+The group is a Python subclass of torch.distributed.ProcessGroup (c10d's Backend class cannot
+be subclassed from Python), so it serves a whole group: "cpu:meshccl,cuda:nccl" cannot be made.
 """
 
 from __future__ import annotations
