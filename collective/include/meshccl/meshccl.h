@@ -32,7 +32,8 @@ typedef enum {
   MESHCCL_ERR_MISMATCH = 4,  /* ranks made different calls */
   MESHCCL_ERR_AUTH = 5,      /* no job token, or a peer that could not prove it */
   MESHCCL_ERR_BOOTSTRAP = 6, /* bad configuration (addresses, ports, links) */
-  MESHCCL_ERR_INTERNAL = 7
+  MESHCCL_ERR_INTERNAL = 7,
+  MESHCCL_ERR_ABORTED = 8    /* the job was aborted: abort() on some rank, Ctrl-C, close during a call */
 } meshccl_result;
 
 typedef enum {

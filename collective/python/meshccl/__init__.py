@@ -12,6 +12,12 @@ one, init() raises AuthError unless MESHCCL_ALLOW_NO_TOKEN=1.
 Every rank must make the same calls in the same order. A rank that dies, stalls or calls
 something else makes every rank raise (PeerError, TimeoutError, MismatchError) instead of
 hanging; after such an error the communicator is unusable.
+
+Every call takes async_op=True: it is queued on the communicator's engine and returns a
+:class:`Work` at once (``work.wait()``). Calls run one at a time in the order they were made,
+from any number of threads; a blocking call with nothing queued runs on the caller's thread.
+``comm.abort(reason)`` (any thread) ends the running call on every rank with AbortedError;
+Ctrl-C during a call on the main thread does the same and raises KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 from typing import Any
 
 from meshccl._meshccl import (
+    AbortedError,
     AuthError,
     BootstrapError,
     Error,
@@ -43,6 +50,7 @@ from meshccl.bootstrap import (
 __all__ = [
     "DTYPES",
     "OPS",
+    "AbortedError",
     "AuthError",
     "BootstrapError",
     "Communicator",
@@ -52,6 +60,7 @@ __all__ = [
     "PeerError",
     "Plan",
     "TimeoutError",
+    "Work",
     "build_info",
     "init",
     "plan_from_env",
@@ -134,8 +143,48 @@ def _numel(x: Any) -> int:
     return len(memoryview(x).cast("B")) // memoryview(x).itemsize
 
 
+class Work:
+    """A call queued with async_op=True. It holds the call's arrays until the call has ended
+    (the engine reads and writes them meanwhile: do not touch them before wait())."""
+
+    __slots__ = ("_arrays", "_native", "result")
+
+    def __init__(self, native: Any, result: Any, arrays: tuple[Any, ...]) -> None:
+        self._native = native
+        self.result = result  # what the blocking call would have returned
+        self._arrays = arrays
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits for the call (timeout None: without limit). True once it has ended, False if
+        `timeout` seconds passed first. Raises the call's error (meshccl.Error)."""
+        done = bool(self._native.wait(timeout))
+        if done:
+            self._arrays = ()
+        return done
+
+    def is_completed(self) -> bool:
+        return bool(self._native.is_completed())
+
+    def exception(self) -> Error | None:
+        """The call's error once it has ended with one, else None (never waits)."""
+        if not self._native.is_completed():
+            return None
+        try:
+            self._native.wait(0)
+        except Error as e:
+            return e
+        return None
+
+    def __repr__(self) -> str:
+        state = "done" if self._native.is_completed() else "pending"
+        return f"<meshccl.Work {state}>"
+
+
 class Communicator:
-    """A connected group of ranks. Build with :func:`init` (or from a :class:`Plan`)."""
+    """A connected group of ranks. Build with :func:`init` (or from a :class:`Plan`).
+
+    Safe to use from several threads: calls are queued and run one at a time, in the order they
+    were made (every rank must still make the same calls in the same order)."""
 
     def __init__(
         self, plan: Plan, token: str = "", job_id: str = "", allow_no_token: bool = False, **options: Any
@@ -171,6 +220,7 @@ class Communicator:
             float(opts["handshake_timeout"]),
         )
         self.plan = plan
+        self._inflight: list[Work] = []
         self._native = _Native(config)
 
     @property
@@ -215,43 +265,88 @@ class Communicator:
             "build": build_info(),
         }
 
-    def all_reduce(self, x: Any, op: str = "sum", out: Any = None, dtype: str | None = None) -> Any:
-        """Reduces x over all ranks into out (default: x itself, in place); returns the result."""
-        target = x if out is None else out
-        self._native.all_reduce(x, target, _op(op), _dtype(dtype))
-        return target
+    def _done(self, work: Any, result: Any, *arrays: Any) -> Any:
+        """A blocking call's result, or a queued call's Work (kept until it ends)."""
+        if work is None:
+            return result
+        w = Work(work, result, arrays)
+        self._inflight = [x for x in self._inflight if not x.is_completed()]
+        self._inflight.append(w)
+        return w
 
-    def all_gather(self, x: Any, out: Any = None, dtype: str | None = None) -> Any:
+    def all_reduce(
+        self, x: Any, op: str = "sum", out: Any = None, dtype: str | None = None, async_op: bool = False
+    ) -> Any:
+        """Reduces x over all ranks into out (default: x itself, in place); returns the result
+        (async_op: a Work whose .result it is)."""
+        target = x if out is None else out
+        return self._done(self._native.all_reduce(x, target, _op(op), _dtype(dtype), async_op), target, x, target)
+
+    def all_gather(self, x: Any, out: Any = None, dtype: str | None = None, async_op: bool = False) -> Any:
         """Every rank's x, in rank order, into out (size * len(x) elements; allocated if None)."""
         if out is None:
             out = _empty_like(x, self.size * _numel(x))
-        self._native.all_gather(x, out, _dtype(dtype))
-        return out
+        return self._done(self._native.all_gather(x, out, _dtype(dtype), async_op), out, x, out)
 
-    def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", dtype: str | None = None) -> Any:
+    def reduce_scatter(
+        self, x: Any, out: Any = None, op: str = "sum", dtype: str | None = None, async_op: bool = False
+    ) -> Any:
         """Block `rank` of the reduction of x (size * n elements) over all ranks, into out (n)."""
         if out is None:
             out = _empty_like(x, _numel(x) // self.size)
-        self._native.reduce_scatter(x, out, _op(op), _dtype(dtype))
-        return out
+        return self._done(self._native.reduce_scatter(x, out, _op(op), _dtype(dtype), async_op), out, x, out)
 
-    def broadcast(self, x: Any, root: int = 0, dtype: str | None = None) -> Any:
+    def broadcast(self, x: Any, root: int = 0, dtype: str | None = None, async_op: bool = False) -> Any:
         """x on every rank becomes root's x; returns x."""
-        self._native.broadcast(x, root, _dtype(dtype))
-        return x
+        return self._done(self._native.broadcast(x, root, _dtype(dtype), async_op), x, x)
 
-    def send(self, x: Any, dst: int, dtype: str | None = None) -> None:
-        self._native.send(x, dst, _dtype(dtype))
+    def send(self, x: Any, dst: int, dtype: str | None = None, async_op: bool = False) -> Any:
+        return self._done(self._native.send(x, dst, _dtype(dtype), async_op), None, x)
 
-    def recv(self, x: Any, src: int, dtype: str | None = None) -> Any:
-        self._native.recv(x, src, _dtype(dtype))
-        return x
+    def recv(self, x: Any, src: int, dtype: str | None = None, async_op: bool = False) -> Any:
+        return self._done(self._native.recv(x, src, _dtype(dtype), async_op), x, x)
 
-    def barrier(self) -> None:
-        self._native.barrier()
+    def exchange(
+        self,
+        sends: list[tuple[Any, int]] | tuple[()] = (),
+        recvs: list[tuple[Any, int]] | tuple[()] = (),
+        async_op: bool = False,
+    ) -> Any:
+        """Sends and receives posted together and finished together: [(array, peer), ...] each,
+        raw bytes (any dtype). A ring shift (send right, receive left) in one exchange cannot
+        deadlock. The other end must take part in an exchange too, naming this rank in the same
+        order with the same sizes; peers must be linked to this rank. Returns the receive
+        buffers (async_op: a Work whose .result they are)."""
+        sends = list(sends)
+        recvs = list(recvs)
+        native = self._native.exchange([(a, int(p)) for a, p in sends], [(a, int(p)) for a, p in recvs], async_op)
+        bufs = [a for a, _ in recvs]
+        return self._done(native, bufs, *(a for a, _ in sends), *bufs)
+
+    def barrier(self, async_op: bool = False) -> Any:
+        return self._done(self._native.barrier(async_op), None)
+
+    def abort(self, reason: str = "abort() was called") -> None:
+        """From any thread: the running call (or the next) fails with AbortedError on this rank
+        and, through ABORT frames, on every rank it reaches; the communicator is then unusable.
+        With nothing running the peers learn at once (their calls with this rank fail)."""
+        self._native.abort(reason)
+
+    @property
+    def pending(self) -> int:
+        """Calls queued or running right now."""
+        return int(self._native.pending)
 
     def close(self) -> None:
+        """Closes the connections. From another thread during a call, the call is aborted first
+        (AbortedError on every rank), then the communicator closes."""
         self._native.close()
+        self._inflight = []
+
+    def __del__(self) -> None:
+        native = getattr(self, "_native", None)
+        if native is not None and not native.closed:
+            native.close()  # queued calls hold arrays that are about to go: end them first
 
     def __enter__(self) -> Communicator:
         return self

@@ -188,6 +188,22 @@ void recv(Context& ctx, void* buf, size_t count, DataType dtype, int src) {
   pointToPoint(ctx, false, buf, count, dtype, src);
 }
 
+void exchange(Context& ctx, const std::vector<P2POp>& ops) {
+  for (const P2POp& op : ops) {
+    checkBuffer(op.buf, op.bytes, op.isSend ? "send buffer" : "recv buffer");
+    MESHCCL_ENFORCE(op.peer >= 0 && op.peer < ctx.size() && op.peer != ctx.rank(), op.isSend ? "send to " : "recv from ",
+                    "rank ", op.peer, ": not another rank of this world (size ", ctx.size(), ", this is rank ",
+                    ctx.rank(), ")");
+    MESHCCL_ENFORCE(ctx.connected(op.peer), "rank ", ctx.rank(), " and rank ", op.peer,
+                    " share no link; send/recv works between linked ranks only");
+  }
+  ctx.checkHealthy();
+  if (ops.empty()) return;
+  OpScope scope(ctx, call(Collective::kBatch, DataType::kUInt8, RedOp::kSum, 0));
+  for (const P2POp& op : ops) algo::postSegments(ctx, op.isSend, op.peer, static_cast<char*>(op.buf), op.bytes);
+  ctx.waitAll();
+}
+
 void barrier(Context& ctx) {
   ctx.checkHealthy();
   if (ctx.size() == 1) return;

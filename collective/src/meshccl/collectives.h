@@ -6,6 +6,7 @@
 // between input and output is refused.
 
 #include <cstddef>
+#include <vector>
 
 #include "meshccl/context.h"
 
@@ -22,6 +23,18 @@ void broadcast(Context& ctx, void* buf, size_t count, DataType dtype, int root);
 // Point to point between ranks that share a link.
 void send(Context& ctx, const void* buf, size_t count, DataType dtype, int dst);
 void recv(Context& ctx, void* buf, size_t count, DataType dtype, int src);
+// One send or receive of a batch: `bytes` at `buf` to or from `peer` (linked to this rank).
+struct P2POp {
+  bool isSend = false;
+  void* buf = nullptr;
+  size_t bytes = 0;
+  int peer = -1;
+};
+// A batch of sends and receives posted together and finished together, so exchanges that
+// depend on each other (a ring shift: send right, receive left) cannot deadlock. A batch is one
+// operation on every pair it names; the other end must take part in a batch too, naming this
+// rank in the same order and with the same sizes (a size that differs raises MismatchError).
+void exchange(Context& ctx, const std::vector<P2POp>& ops);
 // Returns on every rank once every rank has entered it.
 void barrier(Context& ctx);
 

@@ -1,5 +1,6 @@
 #include "meshccl/context.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -25,6 +26,7 @@ const char* collectiveName(Collective c) {
     case Collective::kBroadcast: return "broadcast";
     case Collective::kSendRecv: return "send/recv";
     case Collective::kBarrier: return "barrier";
+    case Collective::kBatch: return "send/recv batch";
   }
   return "unknown-collective";
 }
@@ -33,6 +35,8 @@ std::string describe(const CallDesc& d) {
   switch (d.kind) {
     case Collective::kBarrier:
       return "barrier()";
+    case Collective::kBatch:
+      return "send/recv batch";
     case Collective::kAllReduce:
     case Collective::kReduceScatter:
       return cat(collectiveName(d.kind), "(", dtypeName(d.dtype), ", ", redopName(d.op), ", count=", d.count, ")");
@@ -96,6 +100,7 @@ Context::Context(Config config) : config_(std::move(config)) {
   MESHCCL_ENFORCE(config_.connsPerLink >= 1 && config_.connsPerLink <= 64, "connections per link must be 1..64, got ",
                   config_.connsPerLink);
   MESHCCL_ENFORCE(config_.timeoutSeconds > 0, "timeout must be > 0 s");
+  timeout_.store(config_.timeoutSeconds, std::memory_order_relaxed);
   MESHCCL_ENFORCE(config_.connectTimeoutSeconds > 0, "connect timeout must be > 0 s");
   MESHCCL_ENFORCE(config_.handshakeTimeoutSeconds > 0, "handshake timeout must be > 0 s");
   MESHCCL_ENFORCE(config_.maxPendingHandshakes >= 1, "at least one pending handshake must be allowed, got ",
@@ -121,12 +126,15 @@ Context::Context(Config config) : config_(std::move(config)) {
                   "shared memory ring size must be a power of two from 4096 to 1073741824, got ", config_.shmRingBytes);
   MESHCCL_ENFORCE(config_.algorithm == "auto" || config_.algorithm == "ring" || config_.algorithm == "direct",
                   "algorithm must be auto, ring or direct, got '", config_.algorithm, "'");
-  bool allLocal = config_.size > 1 && config_.transport == "auto" && config_.shmSegmentBytes > 0;
-  for (const auto& p : config_.peers) allLocal = allLocal && p.sameHost;
+  // Every rank on this host: a fact every rank must agree on, since the pipeline segment below
+  // follows from it and both ends of a link cut their frames alike. A rank's own neighbours are
+  // not enough (two hosts of three ranks in a ring: the middle ranks see only same-host
+  // neighbours, the boundary ranks do not), so it needs the complete graph, where every rank
+  // is every rank's neighbour.
   allOnHost_ = config_.complete && config_.size > 1 && config_.transport == "auto" &&
                static_cast<int>(config_.peers.size()) == config_.size - 1;
   for (const auto& p : config_.peers) allOnHost_ = allOnHost_ && p.sameHost;
-  if (allLocal) {
+  if (allOnHost_ && config_.shmSegmentBytes > 0) {
     MESHCCL_ENFORCE(config_.shmSegmentBytes >= 4096, "shared-memory segment size must be >= 4096 bytes");
     config_.segmentBytes = config_.shmSegmentBytes;  // the same on every rank: all share one host
   }
@@ -175,6 +183,19 @@ Context::Context(Config config) : config_(std::move(config)) {
                                      "mesh; meshccl needs one of them (cable the hosts in a ring)"));
   }
   connectAll();
+  // abort() from another thread wakes a rank blocked in poll() through this pipe. Without one
+  // (no descriptor left) poll() waits at most 50 ms at a time instead, and looks again.
+  int wake[2];
+  if (::pipe(wake) == 0) {
+    wakeRead_ = Fd(wake[0]);
+    wakeWrite_ = Fd(wake[1]);
+    for (int fd : wake) {
+      ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
+  } else {
+    log(2, cat("rank ", config_.rank, ": pipe(): ", std::strerror(errno), ": abort() is noticed within 50 ms"));
+  }
 }
 
 Context::~Context() {
@@ -231,7 +252,7 @@ std::string Context::transportSummary() const {
 
 void Context::setTimeout(double seconds) {
   MESHCCL_ENFORCE(seconds > 0, "timeout must be > 0 s, got ", seconds);
-  config_.timeoutSeconds = seconds;
+  timeout_.store(seconds, std::memory_order_relaxed);
 }
 
 void Context::log(int level, const std::string& message) const {
@@ -280,14 +301,53 @@ char* Context::scratch(size_t bytes) {
   return scratch_.data();
 }
 
+void Context::requestAbort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abortMu_);
+    if (abortReason_.empty()) abortReason_ = reason.empty() ? "abort() was called" : reason;
+  }
+  abortRequested_.store(true, std::memory_order_release);
+  const char b = 1;
+  if (wakeWrite_) (void)!::write(wakeWrite_.get(), &b, 1);  // full pipe: a wake-up is pending anyway
+}
+
+std::string Context::abortReason() const {
+  std::lock_guard<std::mutex> lock(abortMu_);
+  return abortReason_;
+}
+
+void Context::abortIfRequested() {
+  if (!abortRequested() || poisoned_ || closed_) return;
+  const std::string msg = cat("rank ", rank(), ": the job was aborted between calls: ", abortReason());
+  poisoned_ = std::make_exception_ptr(Error(ErrorKind::kAborted, msg));
+  log(1, msg);
+  sendAborts(ErrorKind::kAborted, msg);
+}
+
+void Context::failAborted() {
+  fail(ErrorKind::kAborted, cat("rank ", rank(), ": ", describe(desc_), " was aborted: ", abortReason()));
+}
+
+void Context::pollInterrupts() {
+  const double now = monotonicSeconds();
+  if (now < nextInterruptCheck_) return;
+  nextInterruptCheck_ = now + 0.05;
+  if (interruptCheck_()) {
+    requestAbort("interrupted (Ctrl-C)");
+    failAborted();
+  }
+}
+
 void Context::beginOp(const CallDesc& desc) {
   checkHealthy();
-  MESHCCL_ENFORCE(!inOp_, "rank ", rank(), ": a collective is already running on this communicator (use one "
-                          "communicator per thread)");
-  inOp_ = true;
+  MESHCCL_ENFORCE(!inOp_, "rank ", rank(), ": a collective is already running on this communicator (calls from "
+                          "several threads go through the communicator's engine, which runs one at a time)");
   desc_ = desc;
+  if (abortRequested()) failAborted();
+  inOp_ = true;
   ++opCounter_;
-  deadline_ = monotonicSeconds() + config_.timeoutSeconds;
+  opTimeout_ = timeout();
+  deadline_ = monotonicSeconds() + opTimeout_;
   reqsUsed_ = 0;
 }
 
@@ -298,6 +358,7 @@ void Context::endOp(bool failed) {
     poisoned_ = std::make_exception_ptr(Error(ErrorKind::kIo, msg));
     sendAborts(ErrorKind::kIo, msg);
   }
+  abortIfRequested();  // asked for after the last wait of this call: the peers still learn of it
 }
 
 Req* Context::newReq() {
@@ -354,6 +415,8 @@ void Context::waitAll() {
 }
 
 void Context::progress() {
+  if (abortRequested_.load(std::memory_order_relaxed)) failAborted();
+  if (interruptCheck_ && (++progressCalls_ & 255) == 0) pollInterrupts();
   if (ioPass()) return;
   // With shared memory nothing wakes poll() when a ring fills: spin on the rings (yielding the
   // core, which oversubscribed ranks need), looking at the sockets between rounds; after
@@ -390,6 +453,9 @@ void Context::progress() {
       fds.push_back(pollfd{c->fd.get(), events, 0});
       owners.push_back(c);
     }
+    const size_t connFds = fds.size();
+    if (wakeRead_) fds.push_back(pollfd{wakeRead_.get(), POLLIN, 0});  // abort() from another thread
+    if (abortRequested_.load(std::memory_order_acquire)) failAborted();
     const double now = monotonicSeconds();
     const double left = deadline_ - now;
     if (left <= 0) timeoutFail();
@@ -399,11 +465,14 @@ void Context::progress() {
     } else if (hasShm_) {
       ms = 1;
     }
+    if (interruptCheck_) pollInterrupts();
+    if (interruptCheck_ || !wakeRead_) ms = std::min(ms, 50);
     const int n = ::poll(fds.data(), fds.size(), ms);
     if (n < 0 && errno != EINTR) fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
     if (n == 0 && ms == 0 && !hasShm_) sched_yield();
+    if (abortRequested_.load(std::memory_order_acquire)) failAborted();
     if (n > 0) {
-      for (size_t i = 0; i < fds.size(); ++i) {
+      for (size_t i = 0; i < connFds; ++i) {
         Connection& c = *owners[i];
         if (fds[i].revents == 0) continue;
         if (c.shm) {
@@ -685,12 +754,14 @@ void Context::receiveAbort(Connection& c, const FrameHeader& hdr, const char* pr
       break;
     }
   }
-  const auto kind = hdr.errKind >= 1 && hdr.errKind <= 6 ? static_cast<ErrorKind>(hdr.errKind) : ErrorKind::kIo;
+  const auto kind = validErrorKind(hdr.errKind) ? static_cast<ErrorKind>(hdr.errKind) : ErrorKind::kIo;
   fail(kind, text);
 }
 
 void Context::sendAborts(ErrorKind kind, const std::string& message) {
-  const double until = monotonicSeconds() + 1.0;
+  // A peer that is not reading cannot take a frame's tail nor the ABORT behind it: bounded. An
+  // abort (Ctrl-C, abort(), close during a call) must return promptly, so it waits less.
+  const double until = monotonicSeconds() + (kind == ErrorKind::kAborted ? 0.25 : 1.0);
   for (auto* pr : pairs_) {
     if (pr == nullptr) continue;
     // One connection per peer: prefer one with no frame half-sent; otherwise finish that frame
@@ -729,6 +800,16 @@ void Context::sendAborts(ErrorKind kind, const std::string& message) {
     c->sendq.clear();
     c->recvq.clear();
   }
+}
+
+void Context::failPeer(int peer, const std::string& message) {
+  if (!poisoned_ && connected(peer)) {
+    const double until = monotonicSeconds() + 0.5;
+    for (auto& c : pairs_[peer]->conns) {
+      if (c->fd || c->shm) findAbort(*c, until);  // throws when found
+    }
+  }
+  fail(ErrorKind::kIo, message);
 }
 
 void Context::failClosed(Connection& c, const std::string& message) {
@@ -806,7 +887,7 @@ std::string Context::pendingSummary() const {
 }
 
 void Context::timeoutFail() {
-  fail(ErrorKind::kTimeout, cat("rank ", rank(), ": ", describe(desc_), " timed out after ", config_.timeoutSeconds,
+  fail(ErrorKind::kTimeout, cat("rank ", rank(), ": ", describe(desc_), " timed out after ", opTimeout_,
                                 " s waiting for ", pendingSummary(),
                                 " (a peer is stalled, stopped or much slower; raise the timeout with "
                                 "MESHCCL_TIMEOUT if the job is just slow)"));

@@ -20,10 +20,13 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -169,7 +172,8 @@ class Context {
   // Over every linked peer: "shm", "tcp" or "shm+tcp" (some peers or connections each way);
   // "" for a rank alone.
   std::string transportSummary() const;
-  double timeout() const { return config_.timeoutSeconds; }
+  // Per operation; set from any thread, it applies from the next operation on.
+  double timeout() const { return timeout_.load(std::memory_order_relaxed); }
   // Every peer is on this host and this rank can read its memory (see Config::singleCopyBytes);
   // never in a build without single copy (platform::kSingleCopy). Local: a call only uses
   // single copy when every rank says so.
@@ -183,6 +187,21 @@ class Context {
 
   // Raises the stored error if an earlier failure poisoned the context.
   void checkHealthy() const;
+
+  // --- any thread ----------------------------------------------------------------------------
+  // Asks the running operation (or, if none runs, the next one) to fail with kAborted naming
+  // `reason`: it poisons the context and sends ABORT to every peer, whose calls end with the
+  // same error. Wakes a rank blocked in poll(). The first reason given is the one reported.
+  void requestAbort(const std::string& reason);
+  bool abortRequested() const { return abortRequested_.load(std::memory_order_acquire); }
+
+  // --- the thread that drives the I/O (one at a time: the Engine sees to it) -----------------
+  // No operation runs: if an abort was requested and the context is healthy, poison it and
+  // send the ABORTs now, so peers blocked in a call learn of it.
+  void abortIfRequested();
+  // Called about every 50 ms while an operation runs or waits; true fails the operation with
+  // kAborted ("interrupted"). The Python binding looks for Ctrl-C here. Empty: none.
+  void setInterruptCheck(std::function<bool()> check) { interruptCheck_ = std::move(check); }
   // Closes every connection; later calls raise.
   void close();
 
@@ -201,6 +220,10 @@ class Context {
   // Scratch memory owned by the context, reused across operations (grown, never shrunk).
   char* scratch(size_t bytes);
   [[noreturn]] void fail(ErrorKind kind, const std::string& message);
+  // `peer` is gone (its memory cannot be read): fail with the ABORT it sent before it went, if
+  // one waits on any of its connections (its own error is the one to report), else with
+  // kIo and `message`.
+  [[noreturn]] void failPeer(int peer, const std::string& message);
   const CallDesc& currentCall() const { return desc_; }
   uint64_t opCount() const { return opCounter_; }
   void log(int level, const std::string& message) const;
@@ -231,6 +254,9 @@ class Context {
   bool readUntil(Connection& c, char* data, size_t len, double deadline);
   void drainAfterFailure();
   [[noreturn]] void timeoutFail();
+  [[noreturn]] void failAborted();
+  void pollInterrupts();
+  std::string abortReason() const;
   std::string pendingSummary() const;
   Pair& pair(int peer);
   Pair& pairInOp(int peer);  // the pair, its operation index advanced once per operation
@@ -251,9 +277,20 @@ class Context {
   CallDesc desc_{};
   uint64_t opCounter_ = 0;
   double deadline_ = 0;
+  double opTimeout_ = 0;  // the timeout of the running operation
   std::deque<Req> reqs_;  // requests of the current operation (stable addresses)
   size_t reqsUsed_ = 0;
   std::vector<char> scratch_;
+  // abort(): the flag, its reason, and a pipe whose read end is in every poll() of an operation.
+  std::atomic<double> timeout_{0};
+  std::atomic<bool> abortRequested_{false};
+  mutable std::mutex abortMu_;
+  std::string abortReason_;
+  Fd wakeRead_;
+  Fd wakeWrite_;
+  std::function<bool()> interruptCheck_;
+  double nextInterruptCheck_ = 0;
+  unsigned progressCalls_ = 0;
 };
 
 }  // namespace meshccl

@@ -18,7 +18,12 @@ enum class ErrorKind : unsigned char {
   kMismatch = 4,         // ranks called different collectives / dtypes / counts / roots
   kAuth = 5,             // a peer without the job token, or not the rank it should be
   kBootstrap = 6,        // bad configuration: hostfile, addresses, ports
+  // 7 is the C ABI's MESHCCL_ERR_INTERNAL.
+  kAborted = 8,  // abort() on some rank (another thread, Ctrl-C, close during a call)
 };
+
+// A kind that can travel in an ABORT frame.
+inline bool validErrorKind(int k) { return (k >= 1 && k <= 6) || k == 8; }
 
 const char* kindName(ErrorKind kind);
 

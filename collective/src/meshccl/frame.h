@@ -33,6 +33,7 @@ enum class Collective : uint8_t {
   kBroadcast = 4,
   kSendRecv = 5,
   kBarrier = 6,
+  kBatch = 7,  // a batch of sends and receives (exchange): its frames match only another batch
 };
 
 const char* collectiveName(Collective c);

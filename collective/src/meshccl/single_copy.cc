@@ -85,7 +85,7 @@ void readPeer(Context& ctx, int peer, void* dst, uint64_t addr, size_t len) {
   }
   std::string error;
   if (!platform::readProcessMemory(ctx.peerPid(peer), dst, addr, len, &error)) {
-    ctx.fail(ErrorKind::kIo, cat("rank ", ctx.rank(), ": reading rank ", peer, "'s buffer failed (", error,
+    ctx.failPeer(peer, cat("rank ", ctx.rank(), ": reading rank ", peer, "'s buffer failed (", error,
                                  "): has rank ", peer, " died?"));
   }
 }

@@ -199,6 +199,7 @@ const char* kindName(ErrorKind kind) {
     case ErrorKind::kMismatch: return "mismatched call";
     case ErrorKind::kAuth: return "authentication";
     case ErrorKind::kBootstrap: return "bootstrap";
+    case ErrorKind::kAborted: return "aborted";
   }
   return "error";
 }

@@ -8,16 +8,23 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "meshccl/collectives.h"
 #include "meshccl/crypto.h"
+#include "meshccl/engine.h"
 #include "meshccl/meshccl.h"
 #include "meshccl/platform.h"
 
@@ -30,7 +37,7 @@ using InArray = nb::ndarray<nb::ro, nb::device::cpu, nb::c_contig>;
 using OutArray = nb::ndarray<nb::device::cpu, nb::c_contig>;
 
 // Python exception types, one per error family; created at import.
-PyObject* gErrorTypes[8] = {nullptr};
+PyObject* gErrorTypes[9] = {nullptr};  // by ErrorKind (0: the base)
 
 meshccl::DataType dtypeOf(const nb::dlpack::dtype& d, const char* what) {
   using nb::dlpack::dtype_code;
@@ -71,22 +78,100 @@ meshccl::DataType resolve(const nb::dlpack::dtype& d, int override, size_t bytes
 
 size_t bytesOf(const nb::ndarray<nb::ro, nb::device::cpu, nb::c_contig>& a) { return a.nbytes(); }
 
+// Ctrl-C during a call. Python runs signal handlers on the main thread only, so only a call
+// made there checks: about every 50 ms while it waits on the network, it takes the GIL and
+// runs the pending handlers; one that raises (KeyboardInterrupt) aborts the call on every rank
+// and the handler's exception is what the caller sees.
+std::thread::id gMainThread;
+
+struct SignalCheck {
+  bool raised = false;
+  std::function<bool()> fn() {
+    if (std::this_thread::get_id() != gMainThread) return {};
+    return [this] {
+      nb::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() == 0) return false;
+      raised = true;  // the handler's exception stays set on this thread until the call returns
+      return true;
+    };
+  }
+};
+
+// An operation queued on a communicator's engine (async_op=True).
+class PyWork {
+ public:
+  PyWork(std::shared_ptr<meshccl::Engine> engine, std::shared_ptr<meshccl::Work> work)
+      : engine_(std::move(engine)), work_(std::move(work)) {}
+
+  // Waits (timeout < 0 or None: without limit); true once done, false on timeout. Raises the
+  // operation's error. Ctrl-C while waiting (main thread) aborts the job and raises.
+  bool wait(std::optional<double> timeout) {
+    using clock = std::chrono::steady_clock;
+    const bool forever = !timeout || *timeout < 0;
+    const auto until = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                          std::chrono::duration<double>(forever ? 0.0 : *timeout));
+    const bool main = std::this_thread::get_id() == gMainThread;
+    for (;;) {
+      double slice = main ? 0.05 : -1.0;
+      if (!forever) {
+        const double left = std::chrono::duration<double>(until - clock::now()).count();
+        slice = slice < 0 ? std::max(left, 0.0) : std::min(slice, std::max(left, 0.0));
+      }
+      bool done = false;
+      {
+        nb::gil_scoped_release release;
+        done = work_->waitFor(slice);
+      }
+      if (done) break;
+      if (main && PyErr_CheckSignals() != 0) {
+        engine_->abort("interrupted (Ctrl-C) while waiting for an operation");
+        {
+          nb::gil_scoped_release release;
+          work_->waitFor(-1);
+        }
+        throw nb::python_error();
+      }
+      if (!forever && clock::now() >= until) return false;
+    }
+    if (auto e = work_->error()) std::rethrow_exception(e);
+    return true;
+  }
+  bool isCompleted() const { return work_->done(); }
+  // The operation's error message, or None (done without error, or not done yet).
+  std::optional<std::string> errorText() const {
+    if (auto e = work_->error()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        return std::string(x.what());
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::shared_ptr<meshccl::Engine> engine_;
+  std::shared_ptr<meshccl::Work> work_;
+};
+
 class Communicator {
  public:
   explicit Communicator(meshccl::Config config) {
     nb::gil_scoped_release release;
-    ctx_ = std::make_unique<meshccl::Context>(std::move(config));
+    engine_ = std::make_shared<meshccl::Engine>(std::move(config));
   }
 
   int rank() const { return ctx().rank(); }
   int size() const { return ctx().size(); }
   double timeout() const { return ctx().timeout(); }
-  void setTimeout(double s) { ctx().setTimeout(s); }
+  void setTimeout(double s) { engine_->setTimeout(s); }
   int connections(int peer) const { return ctx().connCount(peer); }
   bool linked(int peer) const { return ctx().connected(peer); }
   std::string transport(int peer) const { return ctx().transport(peer); }
   std::string transportSummary() const { return ctx().transportSummary(); }
   bool singleCopy() const { return ctx().canReadPeers(); }
+  size_t pending() const { return engine_->pending(); }
+  bool closed() const { return engine_->closed(); }
   // What the connect phase saw (strangers rejected, handshakes dropped, accept back-offs).
   nb::dict connectStats() const {
     const meshccl::ConnectStats& s = ctx().connectStats();
@@ -102,17 +187,19 @@ class Communicator {
     return d;
   }
 
-  void allReduce(const InArray& in, const OutArray& out, int op, int dtype) {
+  nb::object allReduce(const InArray& in, const OutArray& out, int op, int dtype, bool async) {
     size_t n = 0, m = 0;
     const auto t = resolve(in.dtype(), dtype, bytesOf(in), "input", &n);
     resolve(out.dtype(), dtype, out.nbytes(), "output", &m);
     if (n != m) throw nb::value_error("all_reduce: input and output differ in element count");
     checkSameType(in, out, dtype);
-    nb::gil_scoped_release release;
-    meshccl::allReduce(ctx(), in.data(), out.data(), n, t, redop(op));
+    const auto r = redop(op);
+    const void* src = in.data();
+    void* dst = out.data();
+    return go(async, [=](meshccl::Context& c) { meshccl::allReduce(c, src, dst, n, t, r); });
   }
 
-  void allGather(const InArray& in, const OutArray& out, int dtype) {
+  nb::object allGather(const InArray& in, const OutArray& out, int dtype, bool async) {
     size_t n = 0, m = 0;
     const auto t = resolve(in.dtype(), dtype, bytesOf(in), "input", &n);
     resolve(out.dtype(), dtype, out.nbytes(), "output", &m);
@@ -123,11 +210,12 @@ class Communicator {
                                 .c_str());
     }
     checkSameType(in, out, dtype);
-    nb::gil_scoped_release release;
-    meshccl::allGather(ctx(), in.data(), out.data(), n, t);
+    const void* src = in.data();
+    void* dst = out.data();
+    return go(async, [=](meshccl::Context& c) { meshccl::allGather(c, src, dst, n, t); });
   }
 
-  void reduceScatter(const InArray& in, const OutArray& out, int op, int dtype) {
+  nb::object reduceScatter(const InArray& in, const OutArray& out, int op, int dtype, bool async) {
     size_t n = 0, m = 0;
     const auto t = resolve(in.dtype(), dtype, bytesOf(in), "input", &n);
     resolve(out.dtype(), dtype, out.nbytes(), "output", &m);
@@ -138,47 +226,83 @@ class Communicator {
                                 .c_str());
     }
     checkSameType(in, out, dtype);
-    nb::gil_scoped_release release;
-    meshccl::reduceScatter(ctx(), in.data(), out.data(), m, t, redop(op));
+    const auto r = redop(op);
+    const void* src = in.data();
+    void* dst = out.data();
+    return go(async, [=](meshccl::Context& c) { meshccl::reduceScatter(c, src, dst, m, t, r); });
   }
 
-  void broadcast(const OutArray& buf, int root, int dtype) {
+  nb::object broadcast(const OutArray& buf, int root, int dtype, bool async) {
     size_t n = 0;
     const auto t = resolve(buf.dtype(), dtype, buf.nbytes(), "buffer", &n);
-    nb::gil_scoped_release release;
-    meshccl::broadcast(ctx(), buf.data(), n, t, root);
+    void* p = buf.data();
+    return go(async, [=](meshccl::Context& c) { meshccl::broadcast(c, p, n, t, root); });
   }
 
-  void send(const InArray& buf, int dst, int dtype) {
+  nb::object send(const InArray& buf, int dst, int dtype, bool async) {
     size_t n = 0;
     const auto t = resolve(buf.dtype(), dtype, bytesOf(buf), "buffer", &n);
-    nb::gil_scoped_release release;
-    meshccl::send(ctx(), buf.data(), n, t, dst);
+    const void* p = buf.data();
+    return go(async, [=](meshccl::Context& c) { meshccl::send(c, p, n, t, dst); });
   }
 
-  void recv(const OutArray& buf, int src, int dtype) {
+  nb::object recv(const OutArray& buf, int src, int dtype, bool async) {
     size_t n = 0;
     const auto t = resolve(buf.dtype(), dtype, buf.nbytes(), "buffer", &n);
-    nb::gil_scoped_release release;
-    meshccl::recv(ctx(), buf.data(), n, t, src);
+    void* p = buf.data();
+    return go(async, [=](meshccl::Context& c) { meshccl::recv(c, p, n, t, src); });
   }
 
-  void barrier() {
+  // A batch of sends and receives posted together (meshccl::exchange): raw bytes.
+  // Receive buffers are taken as they are (never converted: a converted one would be a copy
+  // the data lands in and nobody reads).
+  nb::object exchange(const std::vector<std::pair<InArray, int>>& sends,
+                      const std::vector<std::pair<nb::object, int>>& recvs, bool async) {
+    std::vector<meshccl::P2POp> ops;
+    for (const auto& [a, peer] : sends) ops.push_back({true, const_cast<void*>(a.data()), a.nbytes(), peer});
+    for (const auto& [o, peer] : recvs) {
+      OutArray a;
+      if (!nb::try_cast<OutArray>(o, a, false)) {
+        throw nb::type_error("exchange: a receive buffer must be a writable C-contiguous CPU array");
+      }
+      ops.push_back({false, a.data(), a.nbytes(), peer});
+    }
+    return go(async, [ops = std::move(ops)](meshccl::Context& c) { meshccl::exchange(c, ops); });
+  }
+
+  nb::object barrier(bool async) {
+    return go(async, [](meshccl::Context& c) { meshccl::barrier(c); });
+  }
+
+  void abort(const std::string& reason) {
     nb::gil_scoped_release release;
-    meshccl::barrier(ctx());
+    engine_->abort(reason);
   }
 
   void close() {
-    if (!ctx_) return;
     nb::gil_scoped_release release;
-    ctx_->close();
-    ctx_.reset();
+    engine_->close();
   }
 
  private:
-  meshccl::Context& ctx() const {
-    if (!ctx_) throw meshccl::Error(meshccl::ErrorKind::kInvalidArgument, "the communicator is closed");
-    return *ctx_;
+  const meshccl::Context& ctx() const { return engine_->context(); }
+
+  // Runs the operation now (blocking, GIL released) or queues it and returns its Work.
+  nb::object go(bool async, meshccl::Engine::Op op) {
+    if (async) return nb::cast(PyWork(engine_, engine_->submit(std::move(op))));
+    SignalCheck check;
+    std::exception_ptr error;
+    {
+      nb::gil_scoped_release release;
+      try {
+        engine_->run(std::move(op), check.fn());
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (check.raised && PyErr_Occurred() != nullptr) throw nb::python_error();  // KeyboardInterrupt
+    if (error) std::rethrow_exception(error);
+    return nb::none();
   }
   static meshccl::RedOp redop(int op) {
     if (!meshccl::validRedOp(op)) throw nb::value_error("unknown reduction op number");
@@ -190,7 +314,7 @@ class Communicator {
     if (a.dtype() != b.dtype()) throw nb::type_error("input and output have different element types");
   }
 
-  std::unique_ptr<meshccl::Context> ctx_;
+  std::shared_ptr<meshccl::Engine> engine_;
 };
 
 // What this build selected (platform.h), for meshccl.build_info().
@@ -274,6 +398,7 @@ NB_MODULE(_meshccl, m) {
       {meshccl::ErrorKind::kMismatch, "MismatchError", nullptr},
       {meshccl::ErrorKind::kAuth, "AuthError", PyExc_PermissionError},
       {meshccl::ErrorKind::kBootstrap, "BootstrapError", nullptr},
+      {meshccl::ErrorKind::kAborted, "AbortedError", nullptr},
   };
   for (const auto& f : families) {
     PyObject* bases = f.extra != nullptr ? PyTuple_Pack(2, base, f.extra) : PyTuple_Pack(1, base);
@@ -303,6 +428,12 @@ NB_MODULE(_meshccl, m) {
   m.def("build_info", &buildInfo);
   nb::class_<meshccl::Config>(m, "Config");
 
+  gMainThread = std::this_thread::get_id();  // the module is imported on the main thread
+  nb::class_<PyWork>(m, "Work")
+      .def("wait", &PyWork::wait, "timeout"_a = nb::none())
+      .def("is_completed", &PyWork::isCompleted)
+      .def("error_text", &PyWork::errorText);
+
   nb::class_<Communicator>(m, "Communicator")
       .def(nb::init<meshccl::Config>(), "config"_a)
       .def_prop_ro("rank", &Communicator::rank)
@@ -314,12 +445,18 @@ NB_MODULE(_meshccl, m) {
       .def_prop_ro("transport_summary", &Communicator::transportSummary)
       .def_prop_ro("single_copy", &Communicator::singleCopy)
       .def_prop_ro("connect_stats", &Communicator::connectStats)
-      .def("all_reduce", &Communicator::allReduce, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)
-      .def("all_gather", &Communicator::allGather, "input"_a, "output"_a.noconvert(), "dtype"_a)
-      .def("reduce_scatter", &Communicator::reduceScatter, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a)
-      .def("broadcast", &Communicator::broadcast, "buffer"_a.noconvert(), "root"_a, "dtype"_a)
-      .def("send", &Communicator::send, "buffer"_a, "dst"_a, "dtype"_a)
-      .def("recv", &Communicator::recv, "buffer"_a.noconvert(), "src"_a, "dtype"_a)
-      .def("barrier", &Communicator::barrier)
+      .def_prop_ro("pending", &Communicator::pending)
+      .def_prop_ro("closed", &Communicator::closed)
+      .def("all_reduce", &Communicator::allReduce, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a,
+           "async_op"_a = false)
+      .def("all_gather", &Communicator::allGather, "input"_a, "output"_a.noconvert(), "dtype"_a, "async_op"_a = false)
+      .def("reduce_scatter", &Communicator::reduceScatter, "input"_a, "output"_a.noconvert(), "op"_a, "dtype"_a,
+           "async_op"_a = false)
+      .def("broadcast", &Communicator::broadcast, "buffer"_a.noconvert(), "root"_a, "dtype"_a, "async_op"_a = false)
+      .def("send", &Communicator::send, "buffer"_a, "dst"_a, "dtype"_a, "async_op"_a = false)
+      .def("recv", &Communicator::recv, "buffer"_a.noconvert(), "src"_a, "dtype"_a, "async_op"_a = false)
+      .def("exchange", &Communicator::exchange, "sends"_a, "recvs"_a, "async_op"_a = false)
+      .def("barrier", &Communicator::barrier, "async_op"_a = false)
+      .def("abort", &Communicator::abort, "reason"_a)
       .def("close", &Communicator::close);
 }
