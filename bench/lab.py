@@ -120,7 +120,17 @@ class Lab:
         """Builds the lab, then converges its network with setup.yml (addresses, hostfiles)."""
         self.built = True  # from here on, down() must run even if the build fails half-way
         self._playbook("playbooks/lab.yml", *self._lab_vars())
-        self._playbook("-i", str(self.inventory), "setup.yml", "-e", f"meshkit_artifacts_dir={self.artifacts}")
+        # The ranks run this machine's own interpreter (sys.executable, inside each host's namespace), never
+        # the meshccl setup.yml would build and install on every host: skip that (minutes of compiling).
+        self._playbook(
+            "-i",
+            str(self.inventory),
+            "setup.yml",
+            "-e",
+            f"meshkit_artifacts_dir={self.artifacts}",
+            "-e",
+            '{"meshkit_meshccl_install": false}',
+        )
         inv = yaml.safe_load(self.inventory.read_text())
         hosts = inv["all"]["children"]["cluster"]["hosts"]
         self.netns = {name: h["meshkit_lab_netns"] for name, h in hosts.items()}
