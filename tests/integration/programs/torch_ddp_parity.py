@@ -197,6 +197,7 @@ def main() -> int:
     if problems:
         for p in problems:
             print(f"{where}: FAILED: {p}", file=sys.stderr, flush=True)
+        dist.destroy_process_group()  # local: no collective call, so it cannot wait on the other ranks
         return 1
     dist.barrier()
     print(
