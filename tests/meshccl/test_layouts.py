@@ -107,11 +107,14 @@ def meshccl_json(tmp_path: Path, pairs: list[tuple[int, int]], hosts: int, per_h
 # algorithm "auto" takes the direct paths where every rank reaches every rank (the complete
 # layouts) and the pipelined ring elsewhere; "ring" forces the ring through the complete ones too.
 RING = {"MESHCCL_ALGORITHM": "ring"}
-# Pairs with different numbers of connections (two cables to each rank of the other host, one
-# shared-memory link within a host; one connection per link) and many segments per call: the
-# direct all-reduce finishes a chunk's segments out of order often, and each must still reach
-# every peer as itself (sent in the order it finished, on one connection, it landed in the
-# place of another segment of the same size: wrong sums, no error).
+# Pairs with different numbers of connections (two cables between two hosts and one elsewhere;
+# or two cables to each rank of the other host and one shared-memory link within a host) and,
+# with UNEVEN, one connection per link and many segments per call: the direct all-reduce
+# finishes its chunk's segments out of order (their last contributions came on different
+# connections), and each must still reach every peer as itself, also over a pair with fewer
+# connections (sent there in the order they finished, each landed in the place of another
+# segment of the same size: wrong sums, no error). The ring variant takes the same layout
+# through the ring.
 UNEVEN = {"MESHCCL_CONNS_PER_LINK": "1", "MESHCCL_SEGMENT_BYTES": "4096"}
 
 
@@ -124,6 +127,8 @@ UNEVEN = {"MESHCCL_CONNS_PER_LINK": "1", "MESHCCL_SEGMENT_BYTES": "4096"}
         pytest.param([], 1, 4, {}, id="1x4"),
         pytest.param([(1, 2)], 2, 1, {}, id="2x1"),
         pytest.param(RING3, 3, 1, {}, id="3x1-ring"),
+        pytest.param([*RING3, (1, 2)], 3, 1, {}, id="3x1-ring-one-doubled-cable"),
+        pytest.param([*RING3, (1, 2)], 3, 1, UNEVEN, id="3x1-ring-one-doubled-cable-uneven-connections"),
         pytest.param(RING4, 4, 1, {}, id="4x1-ring"),
         pytest.param(MESH4, 4, 1, {}, id="4x1-mesh"),
         pytest.param(MESH4, 4, 1, RING, id="4x1-mesh-ring-algorithm"),
@@ -132,6 +137,7 @@ UNEVEN = {"MESHCCL_CONNS_PER_LINK": "1", "MESHCCL_SEGMENT_BYTES": "4096"}
         pytest.param([(1, 2)], 2, 3, RING, id="2x3-ring-algorithm"),
         pytest.param([(1, 2), (1, 2)], 2, 3, {}, id="2x3-doubled-cable"),
         pytest.param([(1, 2), (1, 2)], 2, 3, UNEVEN, id="2x3-doubled-cable-uneven-connections"),
+        pytest.param([(1, 2), (1, 2)], 2, 3, {**UNEVEN, **RING}, id="2x3-doubled-cable-uneven-connections-ring"),
         pytest.param(RING3, 3, 2, {}, id="3x2-ring"),
         pytest.param(RING3, 3, 2, RING, id="3x2-ring-algorithm"),
         pytest.param(RING4, 4, 2, {}, id="4x2-ring"),
