@@ -8,6 +8,7 @@ file before it enters the call, and a rank that failed waits for it before it ex
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import threading
@@ -126,6 +127,26 @@ def ring_shift(comm: meshccl.Communicator) -> None:
     assert (small == right * 0.5).all(), small
 
 
+def repeatable(comm: meshccl.Communicator) -> None:
+    """Floating-point sums of the same inputs, called again and again: every call gives the same
+    bits on every rank (each chunk is reduced by one rank in one fixed order, whatever order the
+    contributions arrive in)."""
+    r = comm.rank
+    x = np.random.default_rng(r).standard_normal(1_500_007).astype(np.float32) * 10 ** (r % 3)
+    first = None
+    for i in range(6):
+        y = x.copy()
+        comm.all_reduce(y)
+        if first is None:
+            first = y
+        elif not np.array_equal(first.view(np.uint32), y.view(np.uint32)):
+            bad = int(np.count_nonzero(first.view(np.uint32) != y.view(np.uint32)))
+            raise AssertionError(f"call {i}: {bad} elements differ in their bits from call 0")
+    digest = np.frombuffer(hashlib.sha256(first.tobytes()).digest()[:8], dtype=np.int64).copy()
+    every = comm.all_gather(digest)
+    assert (every == every[0]).all(), f"ranks hold different sums: {every}"
+
+
 def blocked(comm: meshccl.Communicator, how: str) -> None:
     """Rank 1 stays out until the gate opens; ranks 0 and 2 block in a large all_reduce. On rank 0
     `how` ends the call: abort() or close() from another thread, or Ctrl-C (the test sends
@@ -166,6 +187,8 @@ def main() -> int:
             threads_shared(comm)
         elif scenario == "async":
             asynchronous(comm)
+        elif scenario == "repeatable":
+            repeatable(comm)
         elif scenario == "ring_shift":
             ring_shift(comm)
         elif scenario in ("abort", "close", "sigint", "sigint_wait"):

@@ -6,15 +6,18 @@
 // direct all_reduce = direct reduce-scatter, then direct all-gather:
 //   reduce-scatter: rank r sends segment k of chunk j to rank j, for every j and k; it receives
 //     segment k of its own chunk r from every peer into scratch slots (D per peer) and reduces
-//     each into the output as it arrives. When a segment has all n-1 contributions it is final
-//     and goes to every peer at once (all-gather), which receives it in place.
-//   A rank computes only its own chunk, so every rank ends with the same values even for
-//   floating point (one rank, one order per element).
+//     them into the output in a fixed order: its own input, then the peers in rank order (a
+//     contribution that arrives early waits in its slot for those before it). When a segment has
+//     all n-1 contributions it is final and goes to every peer at once (all-gather), which
+//     receives it in place.
+//   A rank computes only its own chunk, always in the same order, so every rank ends with the
+//   same values even for floating point, and so does every run: bit-identical results.
 // On a pair with several connections, segment k travels on connection k mod K. Both ends post
-// in segment order per connection (the all-gather sends of one connection finish in segment
-// order: each needs the same segment from every peer, which arrives in order), so frames
-// match FIFO. An all-gather receive lands where, in place, this rank's reduce-scatter data for
-// that peer was read from: it is posted once that send has completed.
+// in segment order per connection, so frames match FIFO: segments can become final out of
+// order (their contributions arrive at different times), so the all-gather sends are posted in
+// segment order, each once it and every segment before it are final. An all-gather receive
+// lands where, in place, this rank's reduce-scatter data for that peer was read from: it is
+// posted once that send has completed.
 
 #include <algorithm>
 #include <cstring>
@@ -59,6 +62,11 @@ class DirectReduceScatter final : public Req::Handler {
     slotBytes_ = std::min(cap, std::max<size_t>(maxElems, 1)) * esize_;
     scratch_ = ctx.scratch(static_cast<size_t>(n_) * depth_ * slotBytes_);
     contributions_.assign(segs_, 0);
+    arrived_.assign(static_cast<size_t>(n_) * segs_, false);
+    final_.assign(segs_, false);
+    for (int j = 0; j < n_; ++j) {
+      if (j != me_) order_.push_back(j);  // the peers in rank order, after this rank's own input
+    }
     rsRecvNext_.assign(static_cast<size_t>(n_), 0);
     rsSent_.assign(static_cast<size_t>(n_) * segs_, false);
     agRecvNext_.assign(static_cast<size_t>(n_), 0);
@@ -108,11 +116,19 @@ class DirectReduceScatter final : public Req::Handler {
       return;
     }
     if (kind != kRsRecv) return;
+    arrived_[static_cast<size_t>(j) * segs_ + k] = true;
+    // Reduce what can be reduced in order: the next peer's contribution, while it is here.
     char* o = out_ + off(me_, k) * esize_;
-    const char* a = contributions_[k] == 0 ? src_[me_] + off(me_, k) * esize_ : o;
-    reduce(o, a, scratch_ + slot(j, k) * slotBytes_, len(me_, k), dtype_, op_);
-    slotBusy_[slot(j, k)] = false;
-    if (++contributions_[k] == n_ - 1) finalize(k);
+    while (contributions_[k] < n_ - 1) {
+      const int p = order_[static_cast<size_t>(contributions_[k])];
+      if (!arrived_[static_cast<size_t>(p) * segs_ + k]) return;
+      const char* a = contributions_[k] == 0 ? src_[me_] + off(me_, k) * esize_ : o;
+      reduce(o, a, scratch_ + slot(p, k) * slotBytes_, len(me_, k), dtype_, op_);
+      slotBusy_[slot(p, k)] = false;
+      ++contributions_[k];
+    }
+    final_[k] = true;
+    while (nextFinal_ < segs_ && final_[nextFinal_]) finalize(nextFinal_++);
   }
 
  private:
@@ -147,7 +163,11 @@ class DirectReduceScatter final : public Req::Handler {
   size_t slotBytes_ = 0;
   char* scratch_ = nullptr;
   size_t pending_ = 0;
-  std::vector<int> contributions_;
+  std::vector<int> contributions_;  // per segment: peers reduced into it so far (in order_)
+  std::vector<int> order_;          // the peers, in the order their contributions are reduced
+  std::vector<bool> arrived_;       // per (peer, segment): the contribution is in its slot
+  std::vector<bool> final_;         // per segment: every contribution reduced
+  size_t nextFinal_ = 0;            // segments before it have had their all-gather sends posted
   std::vector<size_t> rsRecvNext_, agRecvNext_;
   std::vector<bool> rsSent_;  // per (peer, segment): the reduce-scatter send has left
   std::vector<bool> slotBusy_;
