@@ -135,6 +135,15 @@ def test_environment_errors_name_what_to_set(tmp_path):
         plan_from_env({"MESHCCL_RANK": "0", "MESHCCL_HOSTFILE": str(bad)})
 
 
+def test_a_hostfile_rank_that_is_not_torchs_rank_is_refused(tmp_path):
+    path = h.meshccl_hostfile(tmp_path, [(1, 2)], 2, 2)  # 4 ranks
+    env = {"MESHCCL_RANK": "1", "MESHCCL_HOSTFILE": str(path), "MESHCCL_TOKEN": "t"}
+    assert plan_from_env({**env, "RANK": "1", "WORLD_SIZE": "4"}, token="t").rank == 1
+    # torchrun started inside a launched rank: its workers all inherit MESHCCL_RANK=1.
+    with pytest.raises(meshccl.BootstrapError, match=r"MESHCCL_RANK=1 of 4 .* but torch's RANK=3 of WORLD_SIZE=8"):
+        plan_from_env({**env, "RANK": "3", "WORLD_SIZE": "8"}, token="t")
+
+
 def test_unknown_options_and_values_are_refused():
     with pytest.raises(meshccl.BootstrapError, match="MESHCCL_TIMEOUT='soon'"):
         meshccl.init(env={"MESHCCL_TIMEOUT": "soon"})

@@ -129,6 +129,12 @@ def _empty_like(x: Any, count: int) -> Any:
         import torch
 
         return torch.empty(count, dtype=x.dtype)
+    if mod == "mlx":
+        import mlx.core as mx
+
+        out = mx.zeros((count,), dtype=x.dtype)  # MLX has no uninitialised allocation
+        mx.eval(out)
+        return out
     import numpy as np
 
     return np.empty(count, dtype=np.asarray(x).dtype)

@@ -1044,6 +1044,23 @@ def plan_from_env(
         path = env["MESHCCL_HOSTFILE"]
         rank = _int_env(env, "MESHCCL_RANK")
         plan = plan_from_meshccl_hostfile(_load_json(path), rank, path)
+        # Under torch (meshkit launch -r torch) both name this process: they must agree, or two
+        # processes would claim one rank (torchrun started inside a launched rank hands all its
+        # workers the launcher's MESHCCL_RANK).
+        if (
+            "RANK" in env
+            and "WORLD_SIZE" in env
+            and (_int_env(env, "RANK"), _int_env(env, "WORLD_SIZE"))
+            != (
+                rank,
+                plan.size,
+            )
+        ):
+            raise BootstrapError(
+                f"MESHCCL_RANK={rank} of {plan.size} ({path}) but torch's RANK={env['RANK']} of "
+                f"WORLD_SIZE={env['WORLD_SIZE']}: the two must name the same rank. meshkit launch -r torch sets "
+                "both; do not start torchrun inside it (give meshkit launch -n the ranks per host instead)"
+            )
     elif "MLX_RANK" in env and "MLX_HOSTFILE" in env:
         path = env["MLX_HOSTFILE"]
         rank = _int_env(env, "MLX_RANK")

@@ -1236,6 +1236,12 @@ def _connect(
     mlx = "MLX_RANK" in env and "MLX_HOSTFILE" in env
     torchrun = all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
+    if whole_world and hostfile and "MESHCCL_RANK" in env and bootstrap._int_env(env, "MESHCCL_RANK") != rank:
+        raise meshccl.BootstrapError(
+            f"meshccl backend: MESHCCL_RANK={env['MESHCCL_RANK']} but torch says this process is rank {rank} of "
+            f"{size}: the two must name the same rank (meshkit launch -r torch sets both; do not start torchrun "
+            "inside it)"
+        )
     if whole_world and (hostfile or mlx) and not _HOSTFILE_IN_USE:
         comm = meshccl.init(env, **options)  # meshccl.json: every cable
         _HOSTFILE_IN_USE.add(id(comm))
