@@ -40,6 +40,7 @@ be subclassed from Python), so it serves a whole group: "cpu:meshccl,cuda:nccl" 
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import ipaddress
 import json
@@ -47,6 +48,7 @@ import os
 import secrets
 import socket
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Callable
@@ -325,6 +327,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         self._group_name = group_name
         self._group_desc = ""
         self.calls: Counter[str] = Counter()  # operation name -> times called (what DDP/FSDP use)
+        _LIVE.add(self)
 
     # -- identity
 
@@ -1279,6 +1282,17 @@ def _create(dist_opts: Any, backend_options: Any = None) -> ProcessGroupMeshccl:
         list(dist_opts.global_ranks_in_group),
     )
     return ProcessGroupMeshccl(comm, dist_opts.group_rank, dist_opts.group_size, str(dist_opts.group_id))
+
+
+# Groups not shut down yet: closed at exit, so a program that never calls
+# destroy_process_group() leaves no running calls, threads or native objects behind.
+_LIVE: weakref.WeakSet[ProcessGroupMeshccl] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for group in list(_LIVE):
+        group.shutdown()
 
 
 def register() -> None:
