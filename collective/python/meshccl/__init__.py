@@ -326,8 +326,8 @@ class Communicator:
         sends = list(sends)
         recvs = list(recvs)
         native = self._native.exchange([(a, int(p)) for a, p in sends], [(a, int(p)) for a, p in recvs], async_op)
-        bufs = [a for a, _ in recvs]
-        return self._done(native, bufs, *(a for a, _ in sends), *bufs)
+        bufs = [pair[0] for pair in recvs]
+        return self._done(native, bufs, *(pair[0] for pair in sends), *bufs)
 
     def barrier(self, async_op: bool = False) -> Any:
         return self._done(self._native.barrier(async_op), None)

@@ -533,7 +533,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 for outs, sizes, block, gathered, _src in posted:
                     for q, o in enumerate(outs):
                         _copy_back(o, gathered[q * block : q * block + sizes[q]])
-                return [list(outs) for outs, *_ in posted]
+                return [list(entry[0]) for entry in posted]
 
             return finish
 
@@ -573,7 +573,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
             posted = []
             for o, x in zip(outputs, inputs):
                 out, copied = _flat(o)
-                src, _ = _flat(x)
+                src = _flat(x)[0]
                 call("all_gather", src, out=out)
                 posted.append((o, out, copied))
 
@@ -677,7 +677,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         def body(call: Callable[..., None]) -> Finish:
             posted = []
             for o, x, name, avg in jobs:
-                src, _ = _flat(x)
+                src = _flat(x)[0]
                 out, copied = _flat(o)
                 call("reduce_scatter", src, out=out, op=name)
                 posted.append((o, out, copied, avg))
@@ -751,7 +751,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                     )
 
         def body(call: Callable[..., None]) -> Finish:
-            src, _ = _flat(x)
+            src = _flat(x)[0]
             gathered = torch.empty(n * src.numel(), dtype=x.dtype)
             call("all_gather", src, out=gathered)
 
@@ -874,7 +874,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
             if q == me:
                 continue
             if ins[q].numel():
-                buf, _ = _flat(ins[q])
+                buf = _flat(ins[q])[0]
                 p2p.append(("send", ins[q], buf, False, q))
             if outs[q].numel():
                 buf, copied = _flat(outs[q])
@@ -1115,7 +1115,7 @@ def _generation(store: Any, size: int) -> int:
 
 def _free_port(addresses: Sequence[str]) -> int:
     """A port free on every one of `addresses` right now."""
-    for _ in range(50):
+    for _attempt in range(50):
         first = addresses[0]
         family = socket.AF_INET6 if ":" in first else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as s:
