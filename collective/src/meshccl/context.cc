@@ -607,8 +607,9 @@ bool Context::doSend(Connection& c) {
       if (sent < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return finish();
         if (errno == EINTR) continue;
-        fail(ErrorKind::kIo, cat("rank ", rank(), ": sending to rank ", c.peer, " (", c.remote, ") failed: ",
-                                 linkFailure(c), " during ", describe(desc_)));
+        // A peer that failed first closes its side after its ABORT: report that, if it is here.
+        failPeer(c.peer, cat("rank ", rank(), ": sending to rank ", c.peer, " (", c.remote, ") failed: ",
+                             linkFailure(c), " during ", describe(desc_)));
       }
       moved = true;
       auto left = static_cast<size_t>(sent);
