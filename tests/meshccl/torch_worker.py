@@ -30,6 +30,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+
+def say(line: str) -> None:
+    """One line in one write(): the workers share torchrun's stdout, and print() writes the text
+    and its newline separately, so another worker's line could land in between."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
+
+
 R = dist.ReduceOp
 DTYPES = [
     torch.float32,
@@ -565,11 +573,11 @@ def main() -> int:
     try:
         result = {"ops": scenario_ops, "hostfile": scenario_hostfile}[scenario](c)
     except Exception as e:  # reported for the test to show
-        print(f"FAIL {type(e).__name__}: {e}", flush=True)
+        say(f"FAIL {type(e).__name__}: {e}")
         traceback.print_exc()
         return 3
-    print("RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "checks": c.n, **result}), flush=True)
-    print("OK", flush=True)
+    say("RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "checks": c.n, **result}))
+    say("OK")
     return 0
 
 
