@@ -333,9 +333,12 @@ def torchrun(n: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The real torchrun (PyTorch is in the test environment) running n workers on this host."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("MESHCCL_")}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
+    # --standalone takes an ephemeral MASTER_PORT; meshccl's default, MASTER_PORT + 1, is then just
+    # another ephemeral port that any connection on the machine may hold: name a free one.
+    port = {"MESHCCL_MASTER_PORT": str(h.free_port_block(1))}
     return subprocess.run(
         [*argv, str(h.WORKER), "allreduce"],
-        env={**base, "MESHCCL_LOG_LEVEL": "1", **env},
+        env={**base, "MESHCCL_LOG_LEVEL": "1", **port, **env},
         capture_output=True,
         text=True,
         timeout=180,
