@@ -69,16 +69,19 @@ def loopback_hostfile(tmp: Path, n: int) -> Path:
 TOKEN = "job-secret-7"  # every test job has a token (a job without one is refused)
 
 
-def spawn(n: int, scenario: str, env_of, *args: str, wrap=None, ranks=None) -> list[subprocess.Popen]:
-    """Worker processes for ranks 0..n-1 (or only `ranks`); env_of(rank) gives each one's extra
-    environment, wrap(rank) a command line to run the worker under (e.g. unshare)."""
+def spawn(
+    n: int, scenario: str, env_of, *args: str, wrap=None, ranks=None, worker: Path = WORKER
+) -> list[subprocess.Popen]:
+    """Worker processes (`worker`, default worker.py) for ranks 0..n-1 (or only `ranks`);
+    env_of(rank) gives each one's extra environment, wrap(rank) a command line to run the worker
+    under (e.g. unshare)."""
     procs = []
     base = {k: v for k, v in os.environ.items() if k not in ("MESHCCL_ALLOW_NO_TOKEN", "MESHCCL_JOB_ID")}
     for r in range(n) if ranks is None else ranks:
         env = {**base, "MESHCCL_TOKEN": TOKEN, "MESHCCL_LOG_LEVEL": "1", **env_of(r)}
         procs.append(
             subprocess.Popen(
-                [*(wrap(r) if wrap else []), sys.executable, str(WORKER), scenario, *args],
+                [*(wrap(r) if wrap else []), sys.executable, str(worker), scenario, *args],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

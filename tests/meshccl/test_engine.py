@@ -5,11 +5,9 @@ in a full mesh over loopback addresses), since the two wait for data differently
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,21 +29,7 @@ def hostfile(tmp: Path, transport: str, n: int, tag: str = "") -> Path:
 
 
 def spawn(n: int, scenario: str, env_of) -> list[subprocess.Popen]:
-    procs = []
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MESHCCL_")}
-    for r in range(n):
-        env = {**base, "MESHCCL_TOKEN": h.TOKEN, "MESHCCL_LOG_LEVEL": "1", **env_of(r)}
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), scenario],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    return procs
+    return h.spawn(n, scenario, env_of, worker=WORKER)
 
 
 def env_for(path: Path, **extra: str):

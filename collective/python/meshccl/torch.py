@@ -727,28 +727,43 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
 
         return self._run(op, body)
 
+    def _rooted_blocks(
+        self,
+        op: str,
+        root: int,
+        one: list[torch.Tensor],
+        blocks: list[list[torch.Tensor]],
+        one_name: str,
+        blocks_name: str,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """gather / scatter: every rank's one tensor, and the root's n blocks (each of that tensor's
+        dtype and size; [] on the other ranks)."""
+        self._check_rank(op, "root", root)
+        n = self._size
+        if len(one) != 1:
+            raise ValueError(f"meshccl backend: {op}: one {one_name} tensor per rank, got {len(one)}")
+        x = _check_tensor(op, one[0])
+        if self._rank != root:
+            return x, []
+        if len(blocks) != 1 or len(blocks[0]) != n:
+            raise ValueError(f"meshccl backend: {op}: the root needs a list of {n} {blocks_name} tensors")
+        out = [_check_tensor(op, b) for b in blocks[0]]
+        for b in out:
+            if b.dtype != x.dtype or b.numel() != x.numel():
+                raise _unsupported(
+                    op,
+                    f"{blocks_name} {b.dtype} x {b.numel()} for {one_name} {x.dtype} x {x.numel()}: "
+                    f"every block must have the {one_name}'s dtype and size",
+                )
+        return x, out
+
     def gather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
     ) -> _Work:
         op = "gather"
         root = opts.rootRank if opts is not None else 0
-        self._check_rank(op, "root", root)
-        n, me = self._size, self._rank
-        if len(input_tensors) != 1:
-            raise ValueError(f"meshccl backend: {op}: one input tensor per rank, got {len(input_tensors)}")
-        x = _check_tensor(op, input_tensors[0])
-        outs: list[torch.Tensor] = []
-        if me == root:
-            if len(output_tensors) != 1 or len(output_tensors[0]) != n:
-                raise ValueError(f"meshccl backend: {op}: the root needs a list of {n} output tensors")
-            outs = [_check_tensor(op, o) for o in output_tensors[0]]
-            for o in outs:
-                if o.dtype != x.dtype or o.numel() != x.numel():
-                    raise _unsupported(
-                        op,
-                        f"output {o.dtype} x {o.numel()} for input {x.dtype} x {x.numel()}: "
-                        "every block must have the input's dtype and size",
-                    )
+        n = self._size
+        x, outs = self._rooted_blocks(op, root, input_tensors, output_tensors, "input", "output")
 
         def body(call: Callable[..., None]) -> Finish:
             src = _flat(x)[0]
@@ -771,23 +786,8 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
     ) -> _Work:
         op = "scatter"
         root = opts.rootRank if opts is not None else 0
-        self._check_rank(op, "root", root)
         n, me = self._size, self._rank
-        if len(output_tensors) != 1:
-            raise ValueError(f"meshccl backend: {op}: one output tensor per rank, got {len(output_tensors)}")
-        o = _check_tensor(op, output_tensors[0])
-        ins: list[torch.Tensor] = []
-        if me == root:
-            if len(input_tensors) != 1 or len(input_tensors[0]) != n:
-                raise ValueError(f"meshccl backend: {op}: the root needs a list of {n} input tensors")
-            ins = [_check_tensor(op, x) for x in input_tensors[0]]
-            for x in ins:
-                if x.dtype != o.dtype or x.numel() != o.numel():
-                    raise _unsupported(
-                        op,
-                        f"input {x.dtype} x {x.numel()} for output {o.dtype} x {o.numel()}: "
-                        "every block must have the output's dtype and size",
-                    )
+        o, ins = self._rooted_blocks(op, root, output_tensors, input_tensors, "output", "input")
 
         def body(call: Callable[..., None]) -> Finish:
             k = o.numel()

@@ -77,9 +77,7 @@ void Engine::run(Op op, const std::function<bool()>& interrupt) {
     }
   }
   if (!work) {
-    Item item{std::move(op), std::make_shared<Work>()};
-    execute(item, interrupt);
-    item.work->get();
+    if (auto error = execute(op, interrupt)) std::rethrow_exception(error);
     return;
   }
   while (!work->waitFor(interrupt ? 0.05 : -1.0)) {
@@ -91,14 +89,13 @@ void Engine::run(Op op, const std::function<bool()>& interrupt) {
   work->get();
 }
 
-// Runs one operation on this thread (busy_ is set) and makes the engine idle again. An abort
-// asked for while it ran is acted on before the engine is idle (under the lock abort() reads
-// busy_ with), so one of the two always sends the ABORTs.
-void Engine::execute(Item& item, const std::function<bool()>& interrupt) {
+// An abort asked for while the operation ran is acted on before the engine is idle (under the
+// lock abort() reads busy_ with), so one of the two always sends the ABORTs.
+std::exception_ptr Engine::execute(Op& op, const std::function<bool()>& interrupt) {
   std::exception_ptr error;
   ctx_->setInterruptCheck(interrupt);
   try {
-    item.op(*ctx_);
+    op(*ctx_);
   } catch (...) {
     error = std::current_exception();
   }
@@ -111,8 +108,7 @@ void Engine::execute(Item& item, const std::function<bool()>& interrupt) {
   }
   busy_ = false;
   cv_.notify_all();
-  lock.unlock();
-  item.work->finish(error);
+  return error;
 }
 
 void Engine::loop() {
@@ -124,7 +120,7 @@ void Engine::loop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    execute(item, {});
+    item.work->finish(execute(item.op, {}));
     lock.lock();
   }
 }

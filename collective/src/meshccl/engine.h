@@ -84,7 +84,8 @@ class Engine {
     std::shared_ptr<Work> work;
   };
   void loop();
-  void execute(Item& item, const std::function<bool()>& interrupt);
+  // Runs one operation (busy_ is set) and makes the engine idle again; its error, if any.
+  std::exception_ptr execute(Op& op, const std::function<bool()>& interrupt);
 
   std::unique_ptr<Context> ctx_;
   mutable std::mutex mu_;
