@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -69,13 +70,15 @@ def size_list(lo: int, hi: int, factor: float) -> list[int]:
 
 
 def free_ports(count: int) -> int:
-    """A base port with base..base+count-1 free on loopback now."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + count >= 65000:
-            continue
+    """A base port with base..base+count-1 free on loopback now, drawn below the kernel's
+    ephemeral range so no connection's source port can take one before its rank binds it."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    draw = random.SystemRandom()
+    for _ in range(500):
+        base = draw.randrange(15000, max(ephemeral - count, 15001))
         try:
             for p in range(base, base + count):
                 with socket.socket() as s:

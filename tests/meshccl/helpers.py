@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,14 +21,26 @@ from tests.unit.test_hostfiles import plan_of as unit_plan_of
 WORKER = Path(__file__).with_name("worker.py")
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out as a connection's source port."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_block(count: int) -> int:
-    """A base port such that base..base+count-1 are free on loopback right now."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65000:
-            continue
+    """A base port such that base..base+count-1 are free on loopback right now.
+
+    Drawn below the kernel's ephemeral range: a port from inside it (bind to port 0) can be
+    taken as the source port of an outgoing connection -- another rank's connect() -- between
+    this check and the rank's own bind, which then fails with "Address already in use"."""
+    draw = random.SystemRandom()
+    low, top = 15000, _ephemeral_low() - count
+    if top <= low:
+        raise RuntimeError(f"no room for {count} ports between {low} and the ephemeral range")
+    for _ in range(500):
+        base = draw.randrange(low, top)
         ok = True
         for p in range(base, base + count):
             with socket.socket() as s:

@@ -9,12 +9,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,22 +46,27 @@ struct Topology {
   }
 };
 
-// Ports the kernel just handed out (and took back): free unless someone grabs them meanwhile.
+// n free loopback ports, drawn below the kernel's ephemeral range: a port from inside it (bind to
+// port 0) can become the source port of another rank's outgoing connection before its own rank
+// binds it, and that rank then fails with "Address already in use".
 inline std::vector<int> freePorts(int n) {
-  std::vector<int> fds;
+  int ephemeral = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  if (int low = 0; range >> low && low > 15000 + n) ephemeral = low;
+  std::mt19937 draw(std::random_device{}());
+  std::uniform_int_distribution<int> pick(15000, ephemeral - 1);
   std::vector<int> ports;
-  for (int i = 0; i < n; ++i) {
+  for (int tries = 0; static_cast<int>(ports.size()) < n && tries < 10000; ++tries) {
+    const int port = pick(draw);
+    if (std::find(ports.begin(), ports.end(), port) != ports.end()) continue;
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ports.push_back(ntohs(a.sin_port));
-    fds.push_back(fd);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) ports.push_back(port);
+    ::close(fd);
   }
-  for (int fd : fds) ::close(fd);
   return ports;
 }
 
