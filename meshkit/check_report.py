@@ -21,13 +21,14 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.picture import DEAD, MISSING, PLAIN, _attrs, _q
-from ansible_collections.meshkit.cluster.plugins.module_utils.rates import rate_in
+from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate, rate_in
 
 VERSION = 1
 
@@ -43,6 +44,7 @@ YELLOW_GREEN = "#9acd32"
 ORANGE = "#ff7f0e"
 RED = DEAD
 
+WIDTH = 120  # the table's prose lines are folded here
 TIMES = "\u00d7"  # the multiplication sign
 SHAPES = {
     "mesh": "full mesh of {n} hosts: {f} " + TIMES + " the slowest cable",
@@ -135,6 +137,21 @@ def _port_facts(facts: Mapping[str, Any], end: Mapping[str, Any]) -> Mapping[str
     return (host.get("ports") or {}).get(end["port"]) or {}
 
 
+def _bits(rate: Any, what: str) -> float | None:
+    """A rate in bits/s from a number or a text such as "200mbit" or "40Gb/s"; None when unset."""
+    if rate is None or rate == "":
+        return None
+    number = _number(rate)
+    if number is not None:
+        if number <= 0:
+            raise ValueError(f"{what}: {rate!r} is not a link rate; give a positive rate such as 40gbit")
+        return number
+    try:
+        return parse_rate(rate)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
 def expected_rate(
     cable: Mapping[str, Any],
     facts: Mapping[str, Any],
@@ -146,8 +163,10 @@ def expected_rate(
     link speeds ("40 Gb/s" on macOS), the lower of both ends' negotiated speed in sysfs now."""
     ends = cable["ends"]
     if link_rate_bps:
-        return float(link_rate_bps), FROM_CLI
-    inventory = [r for r in (_number(inventory_rates.get(e["host"])) for e in ends) if r]
+        return _bits(link_rate_bps, "--link-rate"), FROM_CLI
+    inventory = [
+        r for e in ends if (r := _bits(inventory_rates.get(e["host"]), f"{e['host']}'s meshkit_link_rate")) is not None
+    ]
     if inventory:
         return min(inventory), FROM_INVENTORY
     planned = [r for r in (rate_in(e.get("speed")) for e in ends) if r]
@@ -494,6 +513,11 @@ def _columns(rows: list[list[str]], align: str) -> list[str]:
     return out
 
 
+def _wrap(text: str) -> list[str]:
+    """A line of prose folded at WIDTH columns, continuation lines indented."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+
+
 def table(report: Mapping[str, Any]) -> str:
     """Plain text (no terminal escapes) for a terminal or a pipe; fits 120 columns for the usual
     names."""
@@ -540,7 +564,7 @@ def table(report: Mapping[str, Any]) -> str:
     lines.append("")
     for e in cables:
         for f in e["flags"]:
-            lines.append(f"FLAG {e['cable']}: {f['flag']}: {f['detail']}")
+            lines += _wrap(f"FLAG {e['cable']}: {f['flag']}: {f['detail']}")
     cluster = report.get("cluster")
     if cluster:
         lines += ["", f"all_reduce (float32, sum) over {cluster['world_size']} hosts"]
@@ -573,21 +597,22 @@ def table(report: Mapping[str, Any]) -> str:
         else:
             verdict = f"busbw: no figure to compare ({shape})"
         bad = [f["flag"] for f in cluster["flags"]]
-        lines.append(("FLAGGED " + ", ".join(bad) if bad else "ok") + ": " + verdict)
+        lines += _wrap(("FLAGGED " + ", ".join(bad) if bad else "ok") + ": " + verdict)
         for f in cluster["flags"]:
-            lines.append(f"FLAG cluster: {f['flag']}: {f['detail']}")
+            lines += _wrap(f"FLAG cluster: {f['flag']}: {f['detail']}")
     drift = report.get("drift") or []
     if drift:
         lines += ["", "configuration drift:"]
-        lines += [f"FLAG {d.get('where', '?')}: {d.get('flag')}: {d.get('detail', '')}" for d in drift]
+        for d in drift:
+            lines += _wrap(f"FLAG {d.get('where', '?')}: {d.get('flag')}: {d.get('detail', '')}")
     for msg in report.get("errors") or []:
-        lines.append(f"FLAG check: error: {msg}")
+        lines += _wrap(f"FLAG check: error: {msg}")
     lines.append("")
     if report.get("ok"):
         lines.append(f"OK: every cable and the cluster passed ({len(cables)} cables)")
     else:
         flagged = report.get("flagged") or []
-        lines.append(
+        lines += _wrap(
             f"FLAGGED: {len(report.get('problems') or [])} problem(s)"
             + (f"; cables: {', '.join(flagged)}" if flagged else "")
         )
@@ -609,32 +634,32 @@ def _value(value: float) -> str:
     return repr(float(value)) if not float(value).is_integer() else str(int(value))
 
 
+# Every metric of the textfile (all gauges) and its HELP text.
+METRICS = {
+    "meshkit_check_cable_bandwidth_bytes_per_second": "Bandwidth measured on a cable, one direction, "
+    "alone (one cable at a time) or under load (all cables at once).",
+    "meshkit_check_cable_expected_bytes_per_second": "The rate the cable should carry.",
+    "meshkit_check_cable_rtt_seconds": "Median round-trip time of 8 bytes over the cable.",
+    "meshkit_check_cable_rtt_p99_seconds": "99th percentile round-trip time of 8 bytes over the cable.",
+    "meshkit_check_cable_loss_ratio": "Share of UDP probes lost over the cable, one direction.",
+    "meshkit_check_cable_flagged": "1 for each flag raised on the cable.",
+    "meshkit_check_cable_ok": "1 when the cable has no flag, else 0.",
+    "meshkit_check_allreduce_busbw_bytes_per_second": "all_reduce bus bandwidth over the cluster per size.",
+    "meshkit_check_flagged": "1 for each flag raised outside a cable (cluster, configuration drift).",
+    "meshkit_check_ok": "1 when nothing is flagged, else 0.",
+    "meshkit_check_timestamp_seconds": "When the check ran (Unix time).",
+}
+
+
 def prometheus(report: Mapping[str, Any]) -> str:
     """node_exporter textfile collector format (text exposition 0.0.4), rates in bytes/s."""
     name = report.get("cluster_name") or ""
-    families: dict[str, tuple[str, list[tuple[dict[str, Any], float]]]] = {}
+    samples: dict[str, list[tuple[dict[str, Any], float]]] = {metric: [] for metric in METRICS}
 
-    def add(metric: str, help_text: str, labels: dict[str, Any], value: float | None) -> None:
-        family = families.setdefault(metric, (help_text, []))
+    def add(metric: str, labels: dict[str, Any], value: float | None) -> None:
         if value is not None:
-            family[1].append(({"cluster": name, **labels}, value))
+            samples[metric].append(({"meshkit_cluster": name, **labels}, value))
 
-    families_help = {
-        "meshkit_check_cable_bandwidth_bytes_per_second": "Bandwidth measured on a cable, one direction, "
-        "alone (one cable at a time) or under load (all cables at once).",
-        "meshkit_check_cable_expected_bytes_per_second": "The rate the cable should carry.",
-        "meshkit_check_cable_rtt_seconds": "Median round-trip time of 8 bytes over the cable.",
-        "meshkit_check_cable_rtt_p99_seconds": "99th percentile round-trip time of 8 bytes over the cable.",
-        "meshkit_check_cable_loss_ratio": "Share of UDP probes lost over the cable, one direction.",
-        "meshkit_check_cable_flagged": "1 for each flag raised on the cable.",
-        "meshkit_check_cable_ok": "1 when the cable has no flag, else 0.",
-        "meshkit_check_allreduce_busbw_bytes_per_second": "all_reduce bus bandwidth over the cluster per size.",
-        "meshkit_check_flagged": "1 for each flag raised outside a cable (cluster, configuration drift).",
-        "meshkit_check_ok": "1 when nothing is flagged, else 0.",
-        "meshkit_check_timestamp_seconds": "When the check ran (Unix time).",
-    }
-    for metric, help_text in families_help.items():
-        families[metric] = (help_text, [])
     for e in report.get("cables") or []:
         base = {"cable": e["cable"], "a": e["a"], "b": e["b"]}
         for mode in ("alone", "load"):
@@ -643,39 +668,36 @@ def prometheus(report: Mapping[str, Any]) -> str:
                 for direction, d in (("ab", "a_to_b"), ("ba", "b_to_a")):
                     add(
                         "meshkit_check_cable_bandwidth_bytes_per_second",
-                        "",
                         {**base, "direction": d, "mode": mode},
                         figures[direction] / 8,
                     )
         if e.get("expected_bps"):
-            add("meshkit_check_cable_expected_bytes_per_second", "", base, e["expected_bps"] / 8)
+            add("meshkit_check_cable_expected_bytes_per_second", base, e["expected_bps"] / 8)
         if e.get("rtt_us") is not None:
-            add("meshkit_check_cable_rtt_seconds", "", base, e["rtt_us"] / 1e6)
+            add("meshkit_check_cable_rtt_seconds", base, e["rtt_us"] / 1e6)
         if e.get("rtt_p99_us") is not None:
-            add("meshkit_check_cable_rtt_p99_seconds", "", base, e["rtt_p99_us"] / 1e6)
+            add("meshkit_check_cable_rtt_p99_seconds", base, e["rtt_p99_us"] / 1e6)
         if e.get("loss"):
             for direction, d in (("ab", "a_to_b"), ("ba", "b_to_a")):
-                add("meshkit_check_cable_loss_ratio", "", {**base, "direction": d}, e["loss"][direction])
+                add("meshkit_check_cable_loss_ratio", {**base, "direction": d}, e["loss"][direction])
         for f in e["flags"]:
-            add("meshkit_check_cable_flagged", "", {**base, "flag": f["flag"]}, 1)
-        add("meshkit_check_cable_ok", "", base, 0 if e["flags"] else 1)
+            add("meshkit_check_cable_flagged", {**base, "flag": f["flag"]}, 1)
+        add("meshkit_check_cable_ok", base, 0 if e["flags"] else 1)
     cluster = report.get("cluster")
     if cluster:
         for r in cluster["rows"]:
-            add("meshkit_check_allreduce_busbw_bytes_per_second", "", {"bytes": r["bytes"]}, r["busbw_bps"] / 8)
+            add("meshkit_check_allreduce_busbw_bytes_per_second", {"bytes": r["bytes"]}, r["busbw_bps"] / 8)
         for f in cluster["flags"]:
-            add("meshkit_check_flagged", "", {"where": "cluster", "flag": f["flag"]}, 1)
+            add("meshkit_check_flagged", {"where": "cluster", "flag": f["flag"]}, 1)
     for d in report.get("drift") or []:
-        add("meshkit_check_flagged", "", {"where": d.get("where", ""), "flag": d.get("flag", "")}, 1)
-    add("meshkit_check_ok", "", {}, 1 if report.get("ok") else 0)
-    add("meshkit_check_timestamp_seconds", "", {}, float(report.get("timestamp") or time.time()))
+        add("meshkit_check_flagged", {"where": d.get("where", ""), "flag": d.get("flag", "")}, 1)
+    add("meshkit_check_ok", {}, 1 if report.get("ok") else 0)
+    add("meshkit_check_timestamp_seconds", {}, float(report.get("timestamp") or time.time()))
     lines = []
-    for metric, (help_text, samples) in families.items():
-        if not samples:
-            continue
-        lines.append(f"# HELP {metric} {help_text.replace(chr(92), chr(92) * 2).replace(chr(10), ' ')}")
-        lines.append(f"# TYPE {metric} gauge")
-        lines += [f"{metric}{_labels(labels)} {_value(value)}" for labels, value in samples]
+    for metric, help_text in METRICS.items():
+        if samples[metric]:
+            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+            lines += [f"{metric}{_labels(labels)} {_value(value)}" for labels, value in samples[metric]]
     return "\n".join(lines) + "\n"
 
 
