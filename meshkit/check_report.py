@@ -133,8 +133,14 @@ def _swapped(record: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _port_facts(facts: Mapping[str, Any], end: Mapping[str, Any]) -> Mapping[str, Any]:
-    host = facts.get(end["host"]) or {}
-    return (host.get("ports") or {}).get(end["port"]) or {}
+    """A cable end's port facts; ``facts`` maps a host to its host_facts or to the agent's answer
+    {"preflight", "facts"} (as check_drift takes them)."""
+    host = facts.get(end["host"])
+    if isinstance(host, Mapping) and "facts" in host and "platform" not in host:
+        host = host.get("facts")
+    ports = host.get("ports") if isinstance(host, Mapping) else None
+    port = ports.get(end["port"]) if isinstance(ports, Mapping) else None
+    return port if isinstance(port, Mapping) else {}
 
 
 def _bits(rate: Any, what: str) -> float | None:

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshkit import check_report as cr
+from meshkit.check_drift import drift
 
 from .test_hostfiles import plan_of
 
@@ -258,6 +259,9 @@ def test_expected_rate_precedence():
     report = cr.build(plan, records(plan, busbw=0.19e9), [], facts, link_rate_bps=0.2e9)
     assert report["cables"][0]["expected_from"] == "from --link-rate"
     assert report["cables"][0]["mtu"] == {"a": 1500, "b": 9000}
+    # Facts as the launch agent answers them ({"preflight", "facts"}), as check_drift also takes them.
+    answers = {host: {"preflight": {}, "facts": {"platform": "linux", **f}} for host, f in facts.items()}
+    assert cr.build(plan, [], [], answers)["cables"][0]["mtu"] == {"a": 1500, "b": 9000}
 
 
 def test_unknown_rate_compares_with_the_other_cables_median():
@@ -431,3 +435,26 @@ def test_figures_three_significant_digits():
         "0",
     ]
     assert cr.percent(0.796, 0.8) == "79.6" and cr.percent(0.49) == "49" and cr.percent(0.031) == "3.1"
+
+
+def test_drift_from_check_drift_flags_only_the_mismatched_cable():
+    plan = plan_of(MESH4, 4)
+    facts: dict = {host: {"platform": "linux", "ports": {}} for host in plan["hosts"]}
+    for host, links in plan["per_host"].items():
+        for link in links:
+            facts[host]["ports"][link["port"]] = {
+                "exists": True,
+                "up": True,
+                "addresses": [f"{link['address']}/{link['prefix']}"],
+                "route": link["port"],
+                "routes": [],
+                "mtu": 9000 if (host, link["port"]) == ("node3", "tb1") else 1500,
+                "speed_mbps": 10000,
+            }
+    items = drift(plan, facts)
+    assert [i["flag"] for i in items] == ["mtu-mismatch"]
+    report = cr.build(plan, records(plan), items, facts, inventory_rates=dict.fromkeys(plan["hosts"], RATE))
+    assert report["flagged"] == ["node2:tb1 \u2194 node3:tb1"] and report["drift"] == []
+    (entry,) = [e for e in report["cables"] if e["flags"]]
+    assert entry["mtu"] == {"a": 1500, "b": 9000} and [f["flag"] for f in entry["flags"]] == ["mtu-mismatch"]
+    assert "MTU-MISMATCH" in cr.table(report)
