@@ -418,7 +418,7 @@ def build(
         if record is None:
             error = "no measurement: the check printed no record for this cable (see the worker's output above)"
         elif record.get("error"):
-            error = str(record["error"])
+            error = f"no connection over this cable: {record['error']}"
         loss = None
         if record is not None and isinstance(record.get("loss"), Mapping):
             loss = _pair(record["loss"], 1.0)

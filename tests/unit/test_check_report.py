@@ -206,7 +206,11 @@ def test_lossy_asymmetric_and_unreachable_cables():
         "a\u2192b lost 3 % (12 of 400 probes), b\u2192a lost 0 % (0 of 400 probes): more than 1 %"
     )
     assert "the slower direction is 38 % below the faster, more than 20 %" in by[asym]["flags"][2]["detail"]
-    assert by[failed]["flags"][0]["detail"] == "connect to 10.50.0.18:29601 timed out after 10 s"
+    assert (
+        by[failed]["flags"][0]["detail"]
+        == "no connection over this cable: connect to 10.50.0.18:29601 timed out after 10 s"
+    )
+    assert by[failed]["error"] == by[failed]["flags"][0]["detail"]
     assert "no measurement" in by[gone]["flags"][0]["detail"] and by[gone]["alone"] is None
     # Unreachable cables carry no figures and do not set what the cabling allows.
     assert report["cluster"]["allowed_bps"] == pytest.approx(3 * RATE * 0.6 * 0.98)
