@@ -833,7 +833,7 @@ def dot(plan: Mapping[str, Any], report: Mapping[str, Any], title: str) -> str:
             if entry["flags"]:
                 names = ", ".join(dict.fromkeys(f["flag"].upper() for f in entry["flags"]))
                 if entry.get("error"):
-                    figure = entry["error"][:60] + ("…" if len(entry["error"]) > 60 else "")
+                    figure = "\n".join(textwrap.wrap(entry["error"], 44, max_lines=4, placeholder=" …"))
                 label = f"{names}\n{figure}" if figure else names
                 attrs.update(color=colour, fontcolor=colour, penwidth=max(width, 2.5), style="bold", label=label)
             else:
