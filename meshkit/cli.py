@@ -5,6 +5,7 @@
   meshkit lab [--down] [-e VARS]                   a local emulated cluster (meshkit.cluster.lab)
   meshkit setup -i INVENTORY [ansible options]     converge the cluster (meshkit.cluster.setup)
   meshkit launch -i INVENTORY [options] -- PROGRAM [ARGS...]
+  meshkit check -i INVENTORY [--quick] [options]   measure every cable and the cluster (meshkit/check.py)
 
 The playbooks are the collection's (meshkit.cluster.setup and friends) from the same install as
 this command; Ansible's configuration is the usual (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg)
@@ -43,7 +44,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from meshkit import launch_connection, launch_fast
+from meshkit import check, launch_connection, launch_fast
 from meshkit.collection import collection_root, runner_env
 from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
 from meshkit.launch_plan import ENV_NAME, HIDDEN, LaunchError, is_secret, secret_values
@@ -132,6 +133,7 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
                         help="more variables for launch.yml, as ansible-playbook -e takes them")  # fmt: skip
     launch.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
+    check.add_parser(sub)
     return p
 
 
@@ -160,7 +162,7 @@ def prepare(args: argparse.Namespace, program: list[str], job_file: Path, privat
         name = event.get("event")
         data = event.get("event_data", {})
         if name == "playbook_on_task_start" and not args.quiet:
-            print(f"meshkit launch: {data.get('task')}", file=sys.stderr, flush=True)
+            print(f"{label(args)}: {data.get('task')}", file=sys.stderr, flush=True)
         elif name in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             res = data.get("res", {})
             failures.append(f"{data.get('host')}: {res.get('msg') or res.get('stderr') or res}")
@@ -205,9 +207,13 @@ def cache_file(args: argparse.Namespace) -> tuple[Path, str]:
     return launch_fast.cache_path(where, inventory, args.runtime), key
 
 
-def quick(args: argparse.Namespace, program: list[str]) -> dict | None:
+def label(args: argparse.Namespace) -> str:
+    return getattr(args, "label", None) or "meshkit launch"
+
+
+def quick(args: argparse.Namespace, program: list[str], problems: list[str] | None = None) -> dict | None:
     """The job planned from the remembered context and checked on every host; {} when the full
-    launch must run instead; None when the job must not start (said why)."""
+    launch must run instead; None when the job must not start (said why, and added to ``problems``)."""
     if args.recheck or args.extra_vars:
         return {}
     settings = {
@@ -226,20 +232,23 @@ def quick(args: argparse.Namespace, program: list[str]) -> dict | None:
         record = launch_fast.load(path, key)
         job, connections = launch_fast.prepare(record, settings, on_event=lambda text: say(args, text))
     except launch_fast.Stale as exc:
-        print(f"meshkit launch: {exc}; running every check (launch.yml)", file=sys.stderr, flush=True)
+        print(f"{label(args)}: {exc}; running every check (launch.yml)", file=sys.stderr, flush=True)
         return {}
     except launch_fast.Refused as exc:
-        print(f"meshkit launch: {exc}", file=sys.stderr)
+        print(f"{label(args)}: {exc}", file=sys.stderr)
+        if problems is not None:
+            problems.append(str(exc))
         return None
     except (KeyError, TypeError, ValueError, AttributeError, OSError) as exc:  # a record of another shape
-        print(f"meshkit launch: the remembered checks are unusable ({exc!r}); running every check (launch.yml)",
+        print(f"{label(args)}: the remembered checks are unusable ({exc!r}); running every check (launch.yml)",
               file=sys.stderr)  # fmt: skip
         return {}
-    return {"job": job, "connections": connections}
+    return {"job": job, "connections": connections, "context": record["context"]}
 
 
-def full(args: argparse.Namespace, program: list[str]) -> dict | None:
-    """launch.yml up to the start; what it planned from is remembered for the next launch."""
+def full(args: argparse.Namespace, program: list[str], problems: list[str] | None = None) -> dict | None:
+    """launch.yml up to the start; what it planned from is remembered for the next launch. None when
+    the job must not start (said why, and added to ``problems``)."""
     try:
         path, key = cache_file(args)
     except (launch_fast.Stale, OSError):
@@ -249,23 +258,25 @@ def full(args: argparse.Namespace, program: list[str]) -> dict | None:
         (Path(tmp) / "runner").mkdir()
         rc, failures = prepare(args, program, job_file, Path(tmp) / "runner")
         if rc != 0 or not job_file.exists():
-            print("meshkit launch: the job was not started:", file=sys.stderr)
+            print(f"{label(args)}: the job was not started:", file=sys.stderr)
             for line in failures or [f"launch.yml exited with {rc}"]:
                 print(f"  {line}", file=sys.stderr)
+            if problems is not None:
+                problems.extend(failures or [f"launch.yml exited with {rc}"])
             return None
         prepared = json.loads(job_file.read_text())
     if path is not None and prepared.get("context") and not args.extra_vars:
         try:
             launch_fast.save(path, key, prepared["context"], prepared["connections"])
         except OSError as exc:
-            print(f"meshkit launch: cannot remember the checks in {path} ({exc}); the next launch checks all again",
+            print(f"{label(args)}: cannot remember the checks in {path} ({exc}); the next run checks all again",
                   file=sys.stderr)  # fmt: skip
     return prepared
 
 
 def say(args: argparse.Namespace, text: str) -> None:
     if not args.quiet:
-        print(f"meshkit launch: {text}", file=sys.stderr, flush=True)
+        print(f"{label(args)}: {text}", file=sys.stderr, flush=True)
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -384,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return launch(args)
         except KeyboardInterrupt:  # outside the launcher's own handling (planning, a paused terminal at the end)
+            return 130
+    if args.command == "check":
+        try:
+            return check.run(args)
+        except KeyboardInterrupt:
             return 130
     return 2
 

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL, DEFAULTS, DISCOVER_PORTS
+from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate
 from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, natural_key
 from cerberus import Validator
 
@@ -32,6 +33,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "meshkit_peer_ports": {"type": "list", "schema": {"type": "string", "regex": r"^[A-Za-z0-9_.*?\[\]-]{1,15}$"}},
     "meshkit_bridge": {"type": "string", "regex": r"^[A-Za-z0-9_.-]{1,15}$"},
     "meshkit_mtu": {"type": "integer", "nullable": True, "min": 1280, "max": 65520},
+    "meshkit_link_rate": {"type": "string", "nullable": True, "check_with": "rate"},
     "meshkit_management_interface": {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9_.@-]{1,15}$"},
     "meshkit_state_dir": {"type": "string", "regex": r"^/.*"},
     "meshkit_ping_count": {"type": "integer", "min": 1, "max": 20},
@@ -59,6 +61,10 @@ HINTS = {
     "meshkit_peer_ports": "give interface name patterns such as ['thunderbolt*'] or ['enp1s0f*']",
     "meshkit_bridge": "the bridge the peer ports start in (bridge0 on macOS)",
     "meshkit_mtu": "set an MTU from 1280 to 65520, or leave it unset to keep the interface's",
+    "meshkit_link_rate": (
+        "the rate this host's cables should reach, e.g. 80gbit or 40Gb/s (meshkit check compares with it), or leave "
+        "it unset to use the negotiated link speed"
+    ),
     "meshkit_management_interface": "name the interface that carries SSH, or leave it unset to detect it",
     "meshkit_state_dir": "give an absolute path",
     "meshkit_ping_count": "use 1 to 20",
@@ -76,6 +82,12 @@ HINTS = {
 
 
 class _Validator(Validator):
+    def _check_with_rate(self, field: str, value: Any) -> None:
+        try:
+            parse_rate(value)
+        except ValueError as exc:
+            self._error(field, str(exc))
+
     def _check_with_pool(self, field: str, value: Any) -> None:
         try:
             net = ipaddress.IPv4Network(value, strict=True)

@@ -21,6 +21,8 @@ DEFAULTS: dict[str, Any] = {
     "meshkit_peer_ports": [],
     "meshkit_bridge": "bridge0",
     "meshkit_mtu": None,
+    # What every cable of the host should carry (bits/s as "80gbit", "40Gb/s"); None: the negotiated speed.
+    "meshkit_link_rate": None,
     "meshkit_management_interface": None,
     "meshkit_state_dir": "/var/lib/meshkit",
     "meshkit_ping_count": 3,

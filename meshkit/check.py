@@ -1,0 +1,365 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""`meshkit check`: every cable and the whole cluster measured, drift found, nothing changed.
+
+  meshkit check -i INVENTORY [--quick] [--json F] [--prometheus F] [--picture F] [--link-rate RATE]
+
+The check is a meshccl job of one rank per host, prepared exactly as `meshkit launch -r meshccl`
+prepares one (launch.yml's checks, or the remembered plan checked on every host in one round
+trip): the cabling is the plan's, every hostfile current, meshccl installed, the preflight passed.
+Then every host reports what may have drifted since setup.yml (MTU of both ends of every cable,
+addresses and routes on the cable ports, RDMA state against the hostfiles), and the job
+(``python3 -m meshccl.linkcheck``) measures every cable over a meshccl pair bound to that cable's
+two addresses: latency one cable at a time; bandwidth one cable at a time in each direction, then
+every cable both ways at once; packet loss; then a meshccl all_reduce over the whole cluster.
+
+A cable below --threshold (80 %) of the rate it should carry, asymmetric, or losing packets is
+flagged by name (``node2:tb1 ↔ node3:tb0``) with its figures; so is an all_reduce busbw below
+what the cabling allows, and every drift. The rate a cable should carry: --link-rate, else the
+inventory's meshkit_link_rate, else the link's negotiated speed (a Mac's Thunderbolt link speed,
+Linux's sysfs speed), else the median of the cables measured. --quick measures latency and loss
+only (no job-sized traffic). Nothing is configured or changed, on any host.
+
+Output: a live progress display, a table, the report as JSON, a Prometheus textfile
+(node_exporter's textfile collector) and the cabling picture coloured by measured bandwidth
+(<artifacts>/check/ by default). Exit status: 0 when nothing is flagged, 1 when anything is, 2 when
+the check could not run at all (bad options, an unreadable inventory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate
+
+from meshkit import launch_connection, launch_fast
+
+MARK = "MESHKIT-CHECK "
+PROGRAM = ["python3", "-m", "meshccl.linkcheck"]
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction above 0 and at most 1, e.g. 0.8")
+    return value
+
+
+def rate(text: str) -> float:
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.01 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0.01 to 10")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    check = sub.add_parser(
+        "check",
+        help="measure every cable and the whole cluster, find configuration drift; changes nothing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument("-i", "--inventory", required=True, help="the inventory setup.yml converged")
+    check.add_argument("--quick", action="store_true", help="latency, loss and drift only: no job-sized traffic")
+    check.add_argument("--threshold", type=fraction, default=0.8, metavar="FRACTION",
+                       help="flag a cable below this share of the rate it should carry (0.8)")  # fmt: skip
+    check.add_argument("--max-loss", type=fraction, default=0.01, metavar="FRACTION",
+                       help="flag a cable losing more than this share of its probes (0.01)")  # fmt: skip
+    check.add_argument("--asymmetry", type=fraction, default=0.2, metavar="FRACTION",
+                       help="flag a cable whose two directions differ by more than this share (0.2)")  # fmt: skip
+    check.add_argument("--link-rate", type=rate, metavar="RATE",
+                       help="the rate every cable should carry (80gbit, 40Gb/s); default: the inventory's "
+                       "meshkit_link_rate, else the negotiated link speed")  # fmt: skip
+    check.add_argument("--seconds", type=seconds, default=0.25,
+                       help="length of each timed transfer (0.25)")  # fmt: skip
+    check.add_argument("--json", metavar="FILE", help="the report as JSON (- for stdout); default <artifacts>/check/")
+    check.add_argument("--prometheus", metavar="FILE",
+                       help="a Prometheus textfile (node_exporter --collector.textfile.directory), written "
+                       "atomically")  # fmt: skip
+    check.add_argument("--picture", metavar="FILE",
+                       help="the cabling picture coloured by bandwidth (.svg, .png or .dot); default "
+                       "<artifacts>/check/cabling-check.svg")  # fmt: skip
+    check.add_argument("-t", "--timeout", type=float, default=300.0,
+                       help="stop the measurement after this many seconds (300)")  # fmt: skip
+    check.add_argument("--host-timeout", type=float, default=launch_connection.DEFAULT_HOST_TIMEOUT,
+                       metavar="SECONDS", help="a host not heard from for this long is lost")  # fmt: skip
+    check.add_argument("--recheck", action="store_true", help="run every check of launch.yml (discovery too)")
+    check.add_argument("-v", "--verbose", action="store_true", help="show the preparation and the ranks' output")
+    check.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                       help="more variables for launch.yml, as ansible-playbook -e takes them")  # fmt: skip
+
+
+class Display:
+    """Progress while the check runs: a live bar on a terminal, one line per phase elsewhere."""
+
+    def __init__(self, live: bool) -> None:
+        self.live = live
+        self.progress: Any = None
+        self.task: Any = None
+        self.phase = ""
+
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(f"meshkit check: {text}", highlight=False)
+        else:
+            print(f"meshkit check: {text}", file=sys.stderr, flush=True)
+
+    def start(self, total: int) -> None:
+        if not self.live:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("starting", total=total)
+
+    def step(self, record: dict[str, Any]) -> None:
+        phase, what = str(record.get("phase", "")), str(record.get("what", ""))
+        text = f"{phase} {record.get('step', '?')}/{record.get('steps', '?')}" + (f": {what}" if what else "")
+        if self.progress is not None:
+            self.progress.update(self.task, description=text, advance=1)
+        elif phase != self.phase:
+            self.say(f"{phase}: {record.get('steps', '?')} step(s)")
+        self.phase = phase
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def steps_of(cables: int, quick: bool) -> int:
+    """The worker's progress records: connect, latency per cable, loss (+ alone per cable, load,
+    three all_reduce sizes)."""
+    return 2 + cables if quick else 2 + 2 * cables + 1 + 3
+
+
+def artifacts_dir(context: dict[str, Any]) -> Path | None:
+    for cfg in (context.get("config") or {}).values():
+        if isinstance(cfg, dict) and cfg.get("meshkit_artifacts_dir"):
+            return Path(cfg["meshkit_artifacts_dir"]) / "check"
+    return None
+
+
+def inventory_rates(context: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for host, cfg in (context.get("config") or {}).items():
+        given = (cfg or {}).get("meshkit_link_rate")
+        if given:
+            out[host] = parse_rate(given)
+    return out
+
+
+def prepare(args: argparse.Namespace, program: list[str], display: Display) -> tuple[dict | None, list[str]]:
+    """The check's job as `meshkit launch -r meshccl -n 1` prepares one; (None, problems) when it
+    cannot start."""
+    from meshkit import cli
+
+    launch_args = argparse.Namespace(
+        inventory=args.inventory,
+        runtime="meshccl",
+        ranks_per_host=1,
+        env=[],
+        secret=[],
+        timeout=args.timeout,
+        grace=3.0,
+        host_timeout=args.host_timeout,
+        cwd=None,
+        recheck=args.recheck,
+        extra_vars=args.extra_vars,
+        quiet=not args.verbose,
+        label="meshkit check",
+    )
+    problems: list[str] = []
+    prepared = cli.quick(launch_args, program, problems)
+    if prepared == {}:
+        display.say("checking the cluster against its plan (launch.yml)")
+        prepared = cli.full(launch_args, program, problems)
+    return prepared, problems
+
+
+def host_drift(job: dict, connections: dict, context: dict) -> tuple[dict[str, dict], list[dict[str, Any]]]:
+    """Every host's facts (over its launch connection, all at once) and the drift they show."""
+    from meshkit import check_drift
+
+    specs = launch_fast.check_specs(job, context)
+    for spec in specs.values():
+        spec["rdma"] = True
+    answers = launch_fast.run_checks(connections, specs)
+    facts = {host: answer.get("facts") or {} for host, answer in answers.items()}
+    items = check_drift.drift(context["plan"], facts)
+    for host, answer in answers.items():
+        if "error" in answer:
+            items.append({"flag": "not-ready", "where": host, "cable": None, "detail": answer["error"]})
+    return facts, items
+
+
+def measure(
+    args: argparse.Namespace, job: dict, connections: dict, display: Display
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run the worker on every host; (its records, problems of the job itself)."""
+    from meshkit.launch_mpi import Lines, hosts_for
+    from meshkit.launch_plan import secret_values
+    from meshkit.launcher import Launcher, Terminal
+
+    records: list[dict[str, Any]] = []
+    values = secret_values(job, {})
+    log_dir = Path(job.get("log_dir") or Path(tempfile.gettempdir()) / "meshkit-launch" / job["job_id"])
+    hosts = hosts_for(job, connections, values, log_dir, args.host_timeout)
+
+    def on_line(rank: Any, line: str) -> None:
+        if not line.startswith(MARK):
+            return
+        try:
+            record = json.loads(line[len(MARK) :])
+        except ValueError:
+            return
+        if not isinstance(record, dict):
+            return
+        record["from_rank"] = rank.rank
+        records.append(record)
+        if record.get("t") == "progress":
+            display.step(record)
+
+    def write(text: str, _event: bool) -> None:
+        display.say(text)
+
+    terminal = Terminal(write, lines=True, log=str(log_dir / "output.log")) if args.verbose else None
+    try:
+        result = Launcher(
+            hosts,
+            job["job_id"],
+            log_dir,
+            timeout=args.timeout,
+            grace=3.0,
+            stdin=None,
+            on_line=on_line,
+            host_timeout=args.host_timeout,
+            lines=Lines(job),
+            terminal=terminal,
+        ).run()
+    finally:
+        if terminal is not None:
+            terminal.close()
+    problems: list[dict[str, Any]] = []
+    if not result.ok:
+        detail = result.reason
+        errors = [str(r.get("msg")) for r in records if r.get("t") == "error"]
+        if errors:
+            detail += ": " + "; ".join(dict.fromkeys(errors))
+        problems.append({"flag": "not-ready", "where": "job", "cable": None, "detail": f"{detail} (logs: {log_dir})"})
+    return records, problems
+
+
+def write_outputs(args: argparse.Namespace, report: dict, plan: dict | None, where: Path | None) -> list[str]:
+    """The JSON, the Prometheus file and the picture; lines saying where they went."""
+    from meshkit import check_report
+
+    said = []
+    json_path = args.json or (str(where / "check.json") if where else None)
+    if json_path == "-":
+        print(json.dumps(report, indent=2))
+    elif json_path:
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        said.append(f"report: {path}")
+    if args.prometheus:
+        check_report.write_prometheus(args.prometheus, check_report.prometheus(report))
+        said.append(f"Prometheus textfile: {args.prometheus}")
+    picture = args.picture or (str(where / "cabling-check.svg") if where else None)
+    if picture and plan is not None:
+        title = f"meshkit check {report.get('cluster', '')}".strip()
+        try:
+            check_report.render(check_report.dot(plan, report, title), picture)
+            said.append(f"picture: {picture}")
+        except (OSError, RuntimeError) as exc:
+            said.append(f"picture not drawn: {exc}")
+    return said
+
+
+@contextlib.contextmanager
+def displayed(display: Display, total: int) -> Iterator[None]:
+    display.start(total)
+    try:
+        yield
+    finally:
+        display.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    from meshkit import check_report
+
+    started = time.monotonic()
+    display = Display(live=sys.stderr.isatty() and not args.verbose)
+    program = [*PROGRAM, "--seconds", f"{args.seconds:g}", *(["--quick"] if args.quick else [])]
+    prepared, refusals = prepare(args, program, display)
+    plan: dict | None = None
+    context: dict[str, Any] = {}
+    records: list[dict[str, Any]] = []
+    facts: dict[str, dict] = {}
+    items = [{"flag": "not-ready", "where": "cluster", "cable": None, "detail": text} for text in refusals]
+    if prepared:
+        job, connections, context = prepared["job"], prepared["connections"], prepared.get("context") or {}
+        plan = context.get("plan")
+        display.say(f"job {job['job_id']}: {len(connections)} hosts; reading every host's configuration")
+        facts, drift_items = host_drift(job, connections, context)
+        items += drift_items
+        cables = len((plan or {}).get("cables") or [])
+        with displayed(display, steps_of(cables, args.quick)):
+            records, problems = measure(args, job, connections, display)
+        items += problems
+    elif not refusals:
+        items.append({"flag": "not-ready", "where": "cluster", "cable": None, "detail": "the check did not start"})
+    report = check_report.build(
+        plan or {"hosts": [], "cables": []},
+        records,
+        items,
+        facts,
+        threshold=args.threshold,
+        max_loss=args.max_loss,
+        asymmetry=args.asymmetry,
+        link_rate_bps=args.link_rate,
+        inventory_rates=inventory_rates(context),
+        quick=args.quick,
+        cluster=str(next(iter((context.get("config") or {}).values()), {}).get("meshkit_cluster_name", "")),
+        seconds=time.monotonic() - started,
+    )
+    report["checked_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    print(check_report.table(report))
+    for line in write_outputs(args, report, plan, artifacts_dir(context)):
+        print(f"meshkit check: {line}", file=sys.stderr)
+    verdict = "nothing flagged" if report["ok"] else f"{len(report.get('problems') or [])} problem(s) flagged"
+    print(f"meshkit check: {verdict} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return 0 if report["ok"] else 1
