@@ -1,0 +1,253 @@
+"""meshccl.linkcheck (the worker of `meshkit check`) as real jobs on this machine.
+
+Every "host" is a process; cables are loopback addresses (127.64.0.0/24, as in test_jobs.py), so
+each cable's pair communicator and its UDP loss probes really run between that cable's two
+addresses and nowhere else. The tests check what the controller relies on (the records and their
+shapes, one per cable, figures present and sane); they never judge speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import helpers as h
+
+PREFIX = "MESHKIT-CHECK "
+MESH4 = [(a, b) for a in range(1, 5) for b in range(a + 1, 5)]
+RING4 = [(1, 3), (3, 2), (2, 4), (4, 1)]
+RING3_DOUBLED = [(1, 2), (2, 3), (3, 1), (1, 2)]
+FAST = ("--seconds", "0.05")
+FULL_PHASES = ["connect", "latency", "alone", "load", "loss", "allreduce"]
+MIB = 1 << 20
+
+
+def hostfile(tmp: Path, pairs: list[tuple[int, int]], hosts: int, edit: Callable[[dict], None] | None = None) -> Path:
+    """meshkit's meshccl.json for one rank per host; every rank's port (the world's) and the port
+    above it (the cables' pair communicators) checked free on loopback."""
+    path = h.meshccl_hostfile(tmp, pairs, hosts)
+    data = json.loads(path.read_text())
+    base = h.free_port_block(2)
+    for rank in data["ranks"]:
+        rank["port"] = base
+    if edit is not None:
+        edit(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+class Rank:
+    """One rank's run: exit status, its MESHKIT-CHECK records in order, its stderr."""
+
+    def __init__(self, rank: int, code: int, out: str, err: str) -> None:
+        self.rank, self.code, self.err = rank, code, err
+        self.records = [json.loads(line[len(PREFIX) :]) for line in out.splitlines() if line.startswith(PREFIX)]
+        self.out = out
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["t"] == kind]
+
+    def __repr__(self) -> str:
+        return f"rank {self.rank}: exit {self.code}\nstdout:\n{self.out[-4000:]}\nstderr:\n{self.err[-4000:]}"
+
+
+def run(path: Path, n: int, *args: str) -> list[Rank]:
+    """python -m meshccl.linkcheck as ranks 0..n-1 of one job, as meshkit check starts it."""
+    base = {k: v for k, v in os.environ.items() if k not in ("MESHCCL_ALLOW_NO_TOKEN", "MESHCCL_JOB_ID")}
+    job = f"lc-{secrets.token_hex(4)}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "meshccl.linkcheck", *args],
+            env={
+                **base,
+                "MESHCCL_HOSTFILE": str(path),
+                "MESHCCL_RANK": str(r),
+                "MESHCCL_TOKEN": h.TOKEN,
+                "MESHCCL_JOB_ID": job,
+                "MESHCCL_LOG_LEVEL": "1",
+            },
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(n)
+    ]
+    return [Rank(r, *result) for r, result in enumerate(h.finish(procs, timeout=120))]
+
+
+def cables(path: Path) -> dict[str, dict[str, Any]]:
+    """cable name -> {"a": host, "b": host, "a_rank", "b_rank"} from the hostfile."""
+    data = json.loads(path.read_text())
+    rank_of = {r["host"]: r["rank"] for r in data["ranks"]}
+    out = {}
+    for r in data["ranks"]:
+        for link in r["links"]:
+            left, right = link["cable"].split(" <-> ")
+            a, b = left.rpartition(":")[0], right.rpartition(":")[0]
+            out[link["cable"]] = {"a": a, "b": b, "a_rank": rank_of[a], "b_rank": rank_of[b]}
+    return out
+
+
+def succeeded(ranks: list[Rank]) -> None:
+    """Every rank exited 0, printed no error record, and ended with its "done"."""
+    for r in ranks:
+        assert r.code == 0, r
+        assert not r.of("error"), r
+        assert r.records and r.records[-1] == {"t": "done", "rank": r.rank}, r
+
+
+def cable_records(ranks: list[Rank], path: Path) -> dict[str, dict[str, Any]]:
+    """Exactly one "cable" record per cable of the hostfile, printed by the rank of its end a."""
+    expected = cables(path)
+    seen: dict[str, dict[str, Any]] = {}
+    for r in ranks:
+        for rec in r.of("cable"):
+            key = rec["cable"]
+            assert key in expected, f"a record for {key!r}, which is no cable of the hostfile: {r}"
+            assert key not in seen, f"two records for {key}"
+            assert r.rank == expected[key]["a_rank"], f"{key} printed by rank {r.rank}, not by end a's rank"
+            left, right = key.split(" <-> ")
+            assert (rec["a"], rec["b"]) == (left, right)
+            assert set(rec) == {"t", "cable", "a", "b", "rtt_us", "rtt_p99_us", "alone", "load", "loss", "error"}
+            seen[key] = rec
+    assert sorted(seen) == sorted(expected)
+    return seen
+
+
+def assert_measured(rec: dict[str, Any], *, bulk: bool) -> None:
+    assert rec["error"] is None, rec
+    assert rec["rtt_us"] > 0 and rec["rtt_p99_us"] >= rec["rtt_us"], rec
+    assert rec["loss"] == {"ab": 0.0, "ba": 0.0, "probes": 400}, rec
+    if bulk:
+        for mode in ("alone", "load"):
+            assert set(rec[mode]) == {"ab", "ba"}, rec
+            assert rec[mode]["ab"] > 0 and rec[mode]["ba"] > 0, rec
+    else:
+        assert rec["alone"] is None and rec["load"] is None, rec
+
+
+def progress(ranks: list[Rank]) -> list[tuple[str, int, int, str]]:
+    """Rank 0's progress records (no other rank prints any)."""
+    for r in ranks[1:]:
+        assert not r.of("progress"), r
+    return [(p["phase"], p["step"], p["steps"], p["what"]) for p in ranks[0].of("progress")]
+
+
+def phases(steps: list[tuple[str, int, int, str]]) -> list[str]:
+    out: list[str] = []
+    for phase, *_ in steps:
+        if not out or out[-1] != phase:
+            out.append(phase)
+    return out
+
+
+def assert_allreduce(ranks: list[Rank], world: int) -> None:
+    assert all(not r.of("allreduce") for r in ranks[1:])
+    (rec,) = ranks[0].of("allreduce")
+    assert rec["world_size"] == world
+    assert [row["bytes"] for row in rec["rows"]] == [MIB, 4 * MIB, 16 * MIB]
+    for row in rec["rows"]:
+        assert row["count"] == row["bytes"] // 4 and row["dtype"] == "float32", row
+        assert row["correct"] is True, row
+        assert row["time_us"] > 0 and row["algbw"] > 0 and row["busbw"] > 0, row
+        assert abs(row["busbw"] - row["algbw"] * 2 * (world - 1) / world) <= 1e-6 * row["busbw"], row
+
+
+def test_full_mesh_of_four_every_cable_measured_alone_under_load_and_the_allreduce(tmp_path):
+    path = hostfile(tmp_path, MESH4, 4)
+    ranks = run(path, 4, *FAST)
+    succeeded(ranks)
+    records = cable_records(ranks, path)
+    assert len(records) == 6
+    for rec in records.values():
+        assert_measured(rec, bulk=True)
+    assert_allreduce(ranks, 4)
+    steps = progress(ranks)
+    assert phases(steps) == FULL_PHASES
+    names = sorted(records)
+    for phase in ("latency", "alone"):  # one step per cable, in cable-name order
+        assert [s for s in steps if s[0] == phase] == [(phase, i, 6, n) for i, n in enumerate(names, 1)]
+    for phase in ("connect", "load", "loss"):
+        assert [s[1:3] for s in steps if s[0] == phase] == [(1, 1)]
+    assert [s[3] for s in steps if s[0] == "allreduce"] == ["1 MiB", "4 MiB", "16 MiB"]
+
+
+def test_quick_measures_latency_and_loss_only(tmp_path):
+    path = hostfile(tmp_path, RING4, 4)
+    ranks = run(path, 4, "--quick", *FAST)
+    succeeded(ranks)
+    for rec in cable_records(ranks, path).values():
+        assert_measured(rec, bulk=False)
+    assert not any(r.of("allreduce") for r in ranks)
+    assert phases(progress(ranks)) == ["connect", "latency", "loss"]
+
+
+def test_ring_of_three_with_a_doubled_cable_measures_both_cables_between_the_same_hosts(tmp_path):
+    path = hostfile(tmp_path, RING3_DOUBLED, 3)
+    ranks = run(path, 3, *FAST)
+    succeeded(ranks)
+    records = cable_records(ranks, path)
+    between = [k for k, c in cables(path).items() if {c["a"], c["b"]} == {"node1", "node2"}]
+    assert len(between) == 2 and len(records) == 4, records
+    for rec in records.values():
+        assert_measured(rec, bulk=True)
+    assert_allreduce(ranks, 3)
+
+
+NOWHERE = "127.64.0.250"  # on loopback, in no plan: nothing listens there
+
+
+def test_a_cable_that_cannot_connect_is_reported_and_the_others_are_still_measured(tmp_path):
+    # End b of one cable is told that end a is at an address nobody listens on, so b cannot
+    # reach a on that cable. The job's own communicator must still start: between two ranks the
+    # higher one connects, over its own entry of the cable. So the broken entry is that of the
+    # lower rank: in this ring (rank order node1, node3, node2, node4) end b of node2 <-> node3.
+    broken: dict[str, str] = {}
+
+    def edit(data: dict) -> None:
+        addresses = {link[k] for r in data["ranks"] for link in r["links"] for k in ("address", "peer_address")}
+        assert NOWHERE not in addresses
+        rank_of = {r["host"]: r["rank"] for r in data["ranks"]}
+        for r in data["ranks"]:
+            for link in r["links"]:
+                left, right = link["cable"].split(" <-> ")
+                a, b = left.rpartition(":")[0], right.rpartition(":")[0]
+                if not broken and r["host"] == b and rank_of[a] > rank_of[b]:
+                    link["peer_address"] = NOWHERE
+                    broken.update(cable=link["cable"], b=b, a=a)
+
+    path = hostfile(tmp_path, RING4, 4, edit)
+    assert broken, "the ring has a cable whose end b is the lower rank"
+    ranks = run(path, 4, "--connect-timeout", "3", *FAST)
+    succeeded(ranks)
+    records = cable_records(ranks, path)
+    bad = records.pop(broken["cable"])
+    assert bad["error"], bad
+    assert f"{broken['b']} could not reach {broken['a']} at {NOWHERE}:" in bad["error"], bad
+    assert "after 3 s" in bad["error"], bad  # the --connect-timeout given, not the default
+    assert all(bad[k] is None for k in ("rtt_us", "rtt_p99_us", "alone", "load", "loss")), bad
+    assert len(records) == 3
+    for rec in records.values():
+        assert_measured(rec, bulk=True)
+    assert_allreduce(ranks, 4)
+    steps = progress(ranks)
+    assert phases(steps) == FULL_PHASES
+    # the unreachable cable is left out of the later phases
+    assert [s[3] for s in steps if s[0] == "latency"] == sorted(records)
+
+
+def test_two_ranks_per_host_are_refused(tmp_path):
+    path = h.meshccl_hostfile(tmp_path, [(1, 2)], 2, ranks_per_host=2)
+    ranks = run(path, 4, *FAST)
+    for r in ranks:
+        assert r.code == 2, r
+        (err,) = r.records
+        assert err["t"] == "error", r
+        assert "one rank per host" in err["msg"] and "node1 has ranks [0, 1]" in err["msg"], err
