@@ -414,3 +414,9 @@ def test_a_missing_port_is_port_down_naming_the_cable():
     assert items[0]["detail"].startswith(
         "node1:tb0 does not exist on node1 (adapter removed or renamed; cable to node2:tb0)"
     )
+
+
+def test_every_drift_flag_has_its_runbook_entry():
+    runbook = (Path(__file__).resolve().parents[2] / "docs" / "runbooks" / "check.md").read_text()
+    for flag in (*FLAGS, "unreachable", "slow", "slow-under-load", "asymmetric", "lossy", "busbw-low", "not-ready"):
+        assert f"\n## {flag}\n" in runbook, flag
