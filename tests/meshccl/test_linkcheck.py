@@ -13,6 +13,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,11 @@ class Rank:
         return f"rank {self.rank}: exit {self.code}\nstdout:\n{self.out[-4000:]}\nstderr:\n{self.err[-4000:]}"
 
 
-def run(path: Path, n: int, *args: str) -> list[Rank]:
+def spawn(path: Path, n: int, *args: str) -> list[subprocess.Popen]:
     """python -m meshccl.linkcheck as ranks 0..n-1 of one job, as meshkit check starts it."""
     base = {k: v for k, v in os.environ.items() if k not in ("MESHCCL_ALLOW_NO_TOKEN", "MESHCCL_JOB_ID")}
     job = f"lc-{secrets.token_hex(4)}"
-    procs = [
+    return [
         subprocess.Popen(
             [sys.executable, "-m", "meshccl.linkcheck", *args],
             env={
@@ -79,7 +80,10 @@ def run(path: Path, n: int, *args: str) -> list[Rank]:
         )
         for r in range(n)
     ]
-    return [Rank(r, *result) for r, result in enumerate(h.finish(procs, timeout=120))]
+
+
+def run(path: Path, n: int, *args: str) -> list[Rank]:
+    return [Rank(r, *result) for r, result in enumerate(h.finish(spawn(path, n, *args), timeout=120))]
 
 
 def cables(path: Path) -> dict[str, dict[str, Any]]:
@@ -251,3 +255,43 @@ def test_two_ranks_per_host_are_refused(tmp_path):
         (err,) = r.records
         assert err["t"] == "error", r
         assert "one rank per host" in err["msg"] and "node1 has ranks [0, 1]" in err["msg"], err
+
+
+def test_a_rank_that_dies_mid_run_ends_the_run_on_every_rank_with_an_error(tmp_path):
+    # Rank 3 is killed while the cables are measured one at a time: every other rank must end
+    # (its next world call fails), exit non-zero and say why in an error record; none hangs.
+    path = hostfile(tmp_path, MESH4, 4)
+    procs = spawn(path, 4, "--seconds", "0.25")
+    outs: list[list[str]] = [[] for _ in procs]
+    errs: list[list[str]] = [[] for _ in procs]
+    measuring = threading.Event()
+
+    def read(i: int, stream: Any, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+            if i == 0 and line.startswith(PREFIX) and '"phase":"alone"' in line:
+                measuring.set()
+
+    readers = [
+        threading.Thread(target=read, args=(i, stream, into), daemon=True)
+        for i, p in enumerate(procs)
+        for stream, into in ((p.stdout, outs[i]), (p.stderr, errs[i]))
+    ]
+    for t in readers:
+        t.start()
+    try:
+        assert measuring.wait(90), f"rank 0 never reached the alone phase: {''.join(outs[0])}{''.join(errs[0])}"
+        procs[3].kill()
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for t in readers:
+        t.join(10)
+    ranks = [Rank(i, codes[i], "".join(outs[i]), "".join(errs[i])) for i in range(3)]
+    for r in ranks:
+        assert r.code == 1, r
+        assert r.of("error") and not r.of("done"), r
+        assert f"rank {r.rank} (node{r.rank + 1})" in r.of("error")[0]["msg"], r

@@ -620,8 +620,9 @@ class LinkCheck:
             mine = {str(i): e.results() for i, e in self.ends.items()}
             everything = self.gather(mine)
         except meshccl.Error as e:
+            why = re.sub(r"^rank \d+: ", "", flat(e))
             raise Fatal(
-                f"rank {self.rank} ({self.host}): the job's own communicator failed during {self.phase}: {flat(e)}", 1
+                f"rank {self.rank} ({self.host}): the job's own communicator failed during {self.phase}: {why}", 1
             ) from None
         except Exception as e:  # a bug here: still one record the controller can show
             raise Fatal(f"rank {self.rank} ({self.host}): linkcheck failed during {self.phase}: {e!r}", 1) from e
