@@ -37,9 +37,10 @@ import struct
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -142,8 +143,8 @@ def read_hostfile(path: str) -> Any:
         raise Fatal(f"the meshccl hostfile {path} is not valid JSON: {e}", 2) from None
 
 
-def one_rank_per_host(data: dict[str, Any], path: str) -> dict[str, int]:
-    """host -> its rank; refuses a hostfile with several ranks on a host."""
+def one_rank_per_host(data: dict[str, Any], path: str) -> None:
+    """Refuses a hostfile with several ranks on a host."""
     by_host: dict[str, list[int]] = {}
     for e in data["ranks"]:
         by_host.setdefault(e["host"], []).append(e["rank"])
@@ -155,10 +156,9 @@ def one_rank_per_host(data: dict[str, Any], path: str) -> dict[str, int]:
             "by host. Start it with one rank per host (meshkit check does: -n 1)",
             2,
         )
-    return {h: r[0] for h, r in by_host.items()}
 
 
-def cables_of(data: dict[str, Any], path: str, rank_of: dict[str, int], port_offset: int) -> list[Cable]:
+def cables_of(data: dict[str, Any], path: str, port_offset: int) -> list[Cable]:
     """Every cable named in the hostfile, in sorted name order, with both ends found."""
     ends: dict[str, dict[str, tuple[int, dict[str, Any]]]] = {}
     port_of: dict[int, int] = {}
@@ -301,9 +301,9 @@ class LinkCheck:
             plan_from_meshccl_hostfile(data, self.rank, path)
         except meshccl.BootstrapError as e:
             raise Fatal(flat(e), 2) from None
-        rank_of = one_rank_per_host(data, path)
+        one_rank_per_host(data, path)
         self.host = next(e["host"] for e in data["ranks"] if e["rank"] == self.rank)
-        self.cables = cables_of(data, path, rank_of, args.port_offset)
+        self.cables = cables_of(data, path, args.port_offset)
         self.token = env.get("MESHCCL_TOKEN", "")
         self.job_id = job_id_from_env(env)
         try:
@@ -783,8 +783,14 @@ def positive(kind: type, name: str) -> Callable[[str], Any]:
     return parse
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # a bad argument is an "error" record too
+        emit({"t": "error", "msg": f"{self.prog}: {message}"})
+        super().error(message)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m meshccl.linkcheck",
         description="Measure every cable of a meshccl job (one rank per host) and the job's all_reduce; "
         "records on stdout as 'MESHKIT-CHECK <json>' lines (meshkit check runs it).",
@@ -823,9 +829,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return LinkCheck(args, dict(os.environ)).run()
     except Fatal as e:
-        emit({"t": "error", "msg": str(e)})
-        print(f"meshccl.linkcheck[rank {rank}]: {e}", file=sys.stderr, flush=True)
-        return e.code
+        msg, code = str(e), e.code
+    except Exception as e:  # a bug: still one record the controller can show, and the traceback for people
+        traceback.print_exc()
+        msg, code = f"rank {rank}: linkcheck failed: {e!r}", 1
+    emit({"t": "error", "msg": msg})
+    print(f"meshccl.linkcheck[rank {rank}]: {msg}", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":
