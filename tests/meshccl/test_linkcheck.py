@@ -58,7 +58,7 @@ class Rank:
         return f"rank {self.rank}: exit {self.code}\nstdout:\n{self.out[-4000:]}\nstderr:\n{self.err[-4000:]}"
 
 
-def spawn(path: Path, n: int, *args: str) -> list[subprocess.Popen]:
+def spawn(path: Path, n: int, *args: str, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     """python -m meshccl.linkcheck as ranks 0..n-1 of one job, as meshkit check starts it."""
     base = {k: v for k, v in os.environ.items() if k not in ("MESHCCL_ALLOW_NO_TOKEN", "MESHCCL_JOB_ID")}
     job = f"lc-{secrets.token_hex(4)}"
@@ -72,6 +72,7 @@ def spawn(path: Path, n: int, *args: str) -> list[subprocess.Popen]:
                 "MESHCCL_TOKEN": h.TOKEN,
                 "MESHCCL_JOB_ID": job,
                 "MESHCCL_LOG_LEVEL": "1",
+                **(env or {}),
             },
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -82,8 +83,8 @@ def spawn(path: Path, n: int, *args: str) -> list[subprocess.Popen]:
     ]
 
 
-def run(path: Path, n: int, *args: str) -> list[Rank]:
-    return [Rank(r, *result) for r, result in enumerate(h.finish(spawn(path, n, *args), timeout=120))]
+def run(path: Path, n: int, *args: str, env: dict[str, str] | None = None) -> list[Rank]:
+    return [Rank(r, *result) for r, result in enumerate(h.finish(spawn(path, n, *args, env=env), timeout=120))]
 
 
 def cables(path: Path) -> dict[str, dict[str, Any]]:
@@ -245,6 +246,25 @@ def test_a_cable_that_cannot_connect_is_reported_and_the_others_are_still_measur
     assert phases(steps) == FULL_PHASES
     # the unreachable cable is left out of the later phases
     assert [s[3] for s in steps if s[0] == "latency"] == sorted(records)
+
+
+def test_a_cable_the_jobs_own_communicator_needs_ends_the_run_on_every_rank_with_an_error(tmp_path):
+    # The same broken entry on the higher rank's end: the job itself cannot connect (its ranks
+    # connect over every cable), so no cable can be measured; every rank must still end, non-zero,
+    # with an error record, the ends of that cable naming its address.
+    def edit(data: dict) -> None:
+        for r in data["ranks"]:
+            for link in r["links"]:
+                if r["host"] == "node2" and link["cable"] == "node1:tb0 <-> node2:tb0":
+                    link["peer_address"] = NOWHERE
+
+    path = hostfile(tmp_path, MESH4, 4, edit)
+    ranks = run(path, 4, "--connect-timeout", "3", *FAST, env={"MESHCCL_CONNECT_TIMEOUT": "3"})
+    for r in ranks:
+        assert r.code == 1, r
+        assert [x["t"] for x in r.records] == ["error"], r
+    assert f"could not reach rank 0 at {NOWHERE}:" in ranks[1].records[0]["msg"], ranks[1]
+    assert "rank 1 did not connect to rank 0" in ranks[0].records[0]["msg"], ranks[0]
 
 
 def test_two_ranks_per_host_are_refused(tmp_path):

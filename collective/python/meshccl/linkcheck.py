@@ -75,22 +75,23 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def flat(e: BaseException) -> str:
-    """An exception's text on one line (meshccl's connect errors span several)."""
-    text = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
-    return text or type(e).__name__
+    """An exception's text on one line: meshccl's connect errors span several, some repeated
+    (one per connection), and start with the rank (the records name it already)."""
+    lines: list[str] = []
+    for raw in str(e).splitlines():
+        line = raw.strip()
+        if line and line not in lines:
+            lines.append(line)
+    return re.sub(r"^rank \d+: ", "", " ".join(lines)) or type(e).__name__
 
 
 def pair_text(e: BaseException, cable: Cable) -> str:
     """A pair communicator's error on one line, its ranks named by host (rank 0 is end a)."""
+    text = flat(e)
     if not isinstance(e, meshccl.Error):
-        return flat(e)
-    lines: list[str] = []
-    for raw in str(e).splitlines():
-        line = raw.strip()
-        if line and not line.startswith("Are all ranks started") and line not in lines:
-            lines.append(line)
-    text = " ".join(lines) or type(e).__name__
-    text = re.sub(r"^rank \d+: ", "", text).replace("connecting the job", "connecting the cable's pair")
+        return text
+    text = text.replace(" Are all ranks started with the same hostfile, and are the links up?", "")
+    text = text.replace("connecting the job", "connecting the cable's pair")
     return re.sub(r"\brank ([01])\b", lambda m: cable.a_host if m.group(1) == "0" else cable.b_host, text)
 
 
@@ -620,9 +621,8 @@ class LinkCheck:
             mine = {str(i): e.results() for i, e in self.ends.items()}
             everything = self.gather(mine)
         except meshccl.Error as e:
-            why = re.sub(r"^rank \d+: ", "", flat(e))
             raise Fatal(
-                f"rank {self.rank} ({self.host}): the job's own communicator failed during {self.phase}: {why}", 1
+                f"rank {self.rank} ({self.host}): the job's own communicator failed during {self.phase}: {flat(e)}", 1
             ) from None
         except Exception as e:  # a bug here: still one record the controller can show
             raise Fatal(f"rank {self.rank} ({self.host}): linkcheck failed during {self.phase}: {e!r}", 1) from e
