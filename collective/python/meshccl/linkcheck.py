@@ -522,7 +522,10 @@ class LinkCheck:
         for c in self.usable():
             end = self.mine(c)
             if end is not None:
-                receivers.append((end, LossReceiver(end, probes, self.job_id)))
+                try:
+                    receivers.append((end, LossReceiver(end, probes, self.job_id)))
+                except OSError as e:  # no socket at all (out of descriptors): the other end's calls fail too
+                    end.fail("loss", f"cannot open a UDP socket: {e.strerror or e}")
         for _end, rx in receivers:
             rx.start()
         self.world_barrier()  # every end's socket is bound before any probe is sent
