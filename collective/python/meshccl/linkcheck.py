@@ -476,7 +476,7 @@ class LinkCheck:
             comm.recv(go, peer)
             comm.send(data, peer)
             comm.recv(go, peer)
-            for _ in range(int(go[0])):
+            for _chunk in range(int(go[0])):
                 comm.send(data, peer)
             return
         go[0] = 1
@@ -488,7 +488,7 @@ class LinkCheck:
         go[0] = n
         t0 = time.perf_counter()
         comm.send(go, peer)
-        for _ in range(n):
+        for _chunk in range(n):
             comm.recv(data, peer)
         end.alone_rx = rate(n * CHUNK, time.perf_counter() - t0)
 
@@ -509,7 +509,7 @@ class LinkCheck:
             k = clamp(self.args.seconds * min(end.alone_rx, end.alone_tx) / CHUNK, MIN_CHUNKS, MAX_CHUNKS)
             out, into = np.zeros(CHUNK, np.uint8), np.zeros(CHUNK, np.uint8)
             t0 = time.perf_counter()
-            for _ in range(k):
+            for _step in range(k):
                 comm.exchange([(out, peer)], [(into, peer)])
             end.load_rx = rate(k * CHUNK, time.perf_counter() - t0)
 
@@ -577,7 +577,7 @@ class LinkCheck:
             y.fill(0)
             world.barrier()
             t0 = time.perf_counter()
-            for _ in range(iters):
+            for _iteration in range(iters):
                 world.all_reduce(x, out=y)
             per_op = (time.perf_counter() - t0) / iters
             checks.append(1 if bool(np.all(y == expected)) else 0)
