@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import re
 import sys
 import tempfile
 import time
@@ -45,6 +46,28 @@ from meshkit import launch_connection, launch_fast
 
 MARK = "MESHKIT-CHECK "
 PROGRAM = ["python3", "-m", "meshccl.linkcheck"]
+
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """The worker's record on one line of a rank's output, or None for any other line."""
+    if not line.startswith(MARK):
+        return None
+    try:
+        record = json.loads(line[len(MARK) :])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def records_in(log_dir: Path) -> list[dict[str, Any]]:
+    """Every record in a finished job's rank logs (rank-N.log), rank by rank."""
+    out = []
+    for path in sorted(log_dir.glob("rank-*.log"), key=lambda p: int(p.stem.split("-")[1])):
+        for line in path.read_text(errors="replace").splitlines():
+            record = parse_record(line)
+            if record is not None:
+                out.append(record | {"from_rank": int(path.stem.split("-")[1])})
+    return out
 
 
 def fraction(text: str) -> float:
@@ -225,8 +248,18 @@ def host_drift(job: dict, connections: dict, context: dict) -> tuple[dict[str, d
     return facts, items
 
 
+def cables_named(text: str, plan: dict[str, Any]) -> str:
+    """``text`` (a job's error, which names addresses) followed by the cables those addresses are on."""
+    found = []
+    for cable in plan.get("cables") or []:
+        ends = cable.get("ends") or []
+        if any(re.search(rf"(?<![0-9.]){re.escape(str(e.get('address')))}(?![0-9])", text) for e in ends):
+            found.append(" \u2194 ".join(f"{e['host']}:{e['port']}" for e in ends))
+    return f"{text} (cable {', '.join(found)})" if found else text
+
+
 def measure(
-    args: argparse.Namespace, job: dict, connections: dict, display: Display
+    args: argparse.Namespace, job: dict, connections: dict, display: Display, plan: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the worker on every host; (its records, problems of the job itself)."""
     from meshkit.launch_mpi import Lines, hosts_for
@@ -239,13 +272,8 @@ def measure(
     hosts = hosts_for(job, connections, values, log_dir, args.host_timeout)
 
     def on_line(rank: Any, line: str) -> None:
-        if not line.startswith(MARK):
-            return
-        try:
-            record = json.loads(line[len(MARK) :])
-        except ValueError:
-            return
-        if not isinstance(record, dict):
+        record = parse_record(line)
+        if record is None:
             return
         record["from_rank"] = rank.rank
         records.append(record)
@@ -278,6 +306,7 @@ def measure(
         errors = [str(r.get("msg")) for r in records if r.get("t") == "error"]
         if errors:
             detail += ": " + "; ".join(dict.fromkeys(errors))
+        detail = cables_named(detail, plan)
         problems.append({"flag": "not-ready", "where": "job", "cable": None, "detail": f"{detail} (logs: {log_dir})"})
     return records, problems
 
@@ -300,7 +329,7 @@ def write_outputs(args: argparse.Namespace, report: dict, plan: dict | None, whe
         said.append(f"Prometheus textfile: {args.prometheus}")
     picture = args.picture or (str(where / "cabling-check.svg") if where else None)
     if picture and plan is not None:
-        title = f"meshkit check {report.get('cluster', '')}".strip()
+        title = f"meshkit check {report.get('cluster_name') or ''}".strip()
         try:
             check_report.render(check_report.dot(plan, report, title), picture)
             said.append(f"picture: {picture}")
@@ -338,7 +367,7 @@ def run(args: argparse.Namespace) -> int:
         items += drift_items
         cables = len((plan or {}).get("cables") or [])
         with displayed(display, steps_of(cables, args.quick)):
-            records, problems = measure(args, job, connections, display)
+            records, problems = measure(args, job, connections, display, plan or {})
         items += problems
     elif not refusals:
         items.append({"flag": "not-ready", "where": "cluster", "cable": None, "detail": "the check did not start"})
