@@ -124,12 +124,17 @@ REQUIRED_HINTS = {
 }
 
 
-def resolve(name: str, path: str | None, cwd: str | None) -> str | None:
-    """The real path a command name runs (through ``path``), or None."""
+def locate(name: str, path: str | None, cwd: str | None) -> str | None:
+    """Where a command name is found (through ``path``), links not resolved, or None."""
     if "/" in name:
         full = name if os.path.isabs(name) else os.path.join(cwd or os.getcwd(), name)
-        return os.path.realpath(full) if os.path.isfile(full) and os.access(full, os.X_OK) else None
-    found = shutil.which(name, path=path)
+        return full if os.path.isfile(full) and os.access(full, os.X_OK) else None
+    return shutil.which(name, path=path)
+
+
+def resolve(name: str, path: str | None, cwd: str | None) -> str | None:
+    """The real path a command name runs (through ``path``), or None."""
+    found = locate(name, path, cwd)
     return os.path.realpath(found) if found else None
 
 
@@ -202,8 +207,10 @@ def preflight(
             interpreter = program
             rest = argv[1:]
             if rest and rest[0] == "-m" and len(rest) > 1:
+                # Asked of the Python as the ranks start it: a virtual environment's python is a link
+                # to the system's, whose real path would not see the environment's packages.
                 probe = subprocess.run(
-                    [program, "-c", "import importlib.util, sys; s = importlib.util.find_spec(sys.argv[1]); "
+                    [locate(argv[0], path, cwd) or program, "-c", "import importlib.util, sys; s = importlib.util.find_spec(sys.argv[1]); "
                      "print(s.origin if s else '')", rest[1]],
                     capture_output=True, text=True, cwd=cwd, timeout=60, check=False,
                 )  # fmt: skip

@@ -631,6 +631,18 @@ def test_preflight_python_module_resolves_to_its_file(preflight: Preflight) -> N
     assert out["interpreter"] == out["program"] == os.path.realpath(os.path.join(PYTHON_DIR, PYTHON3))
 
 
+def test_preflight_python_module_of_a_virtual_environment(preflight: Preflight) -> None:
+    """``python3 -m MOD`` where python3 is a virtual environment's (a link to the system's Python,
+    as meshccl's on every host): the module is looked up as the ranks will run it, in the
+    environment, not by the system Python the link resolves to (which lacks the package)."""
+    venv_bin = Path(sys.prefix) / "bin"
+    assert sys.prefix != sys.base_prefix and (venv_bin / "python3").is_symlink()
+    out = preflight(argv=["python3", "-m", "meshccl.linkcheck"], path_prepend=[str(venv_bin)], path="/usr/bin:/bin")
+    assert out["problems"] == [], out
+    assert out["script"] is not None and out["script"].endswith("meshccl/linkcheck.py"), out
+    assert out["program"] == os.path.realpath(venv_bin / "python3")
+
+
 def test_preflight_python_module_that_cannot_be_imported(preflight: Preflight) -> None:
     out = preflight(argv=[PYTHON3, "-m", "no_such_mod_xyz"], path=PYTHON_DIR)
     assert out["script"] is None
