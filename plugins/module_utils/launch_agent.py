@@ -209,8 +209,9 @@ def preflight(
             if rest and rest[0] == "-m" and len(rest) > 1:
                 # Asked of the Python as the ranks start it: a virtual environment's python is a link
                 # to the system's, whose real path would not see the environment's packages.
+                started_as = locate(argv[0], path, cwd) or program
                 probe = subprocess.run(
-                    [locate(argv[0], path, cwd) or program, "-c", "import importlib.util, sys; s = importlib.util.find_spec(sys.argv[1]); "
+                    [started_as, "-c", "import importlib.util, sys; s = importlib.util.find_spec(sys.argv[1]); "
                      "print(s.origin if s else '')", rest[1]],
                     capture_output=True, text=True, cwd=cwd, timeout=60, check=False,
                 )  # fmt: skip
