@@ -26,7 +26,7 @@ import pytest
 import yaml
 from ansible_collections.meshkit.cluster.plugins.module_utils import meshccl_build
 
-from meshkit import launch_fast
+from meshkit import lab_netns, launch_fast
 from meshkit.lab_spec import HOST_MGMT_PORT
 
 from .conftest import ENV, REPO, LabHandle, drop_lab, ip_json, new_lab, run_playbook, sh
@@ -1450,3 +1450,226 @@ def test_meshkit_launch_reaches_hosts_with_ansible_cfg_settings_and_honours_beco
 
     assert whoami() == [user] * 4
     assert whoami("-e", "ansible_become=true") == ["root"] * 4
+
+
+# --- meshkit check on the same lab ---------------------------------------------------------------------------------
+# The lab's cables are unlimited veth pairs: the check's tests give every cable port the rate a
+# lab built with lab_link_rate gets (tc tbf, as the lab role applies it) and the inventory the
+# meshkit_link_rate such a lab writes, then degrade one cable at a time; every change is undone.
+
+CHECK_RATE = "100mbit"  # low enough that 12 flows at once leave this 2-core machine's CPUs to spare
+CHECK_BITS = 100e6
+
+
+def lab_ports(handle: LabHandle) -> dict[tuple[str, str], str]:
+    """(host, port) -> the host's network namespace, for every cable port."""
+    return {
+        (host, port): vars_["meshkit_lab_netns"]
+        for host, vars_ in handle.hosts().items()
+        for port in vars_["meshkit_lab_ports"]
+    }
+
+
+def shape(netns: str, port: str, rate: str | None) -> None:
+    """The port's egress limited to ``rate`` (tc tbf, the lab role's burst), or unlimited (None)."""
+    if rate is None:
+        sh("ip", "netns", "exec", netns, "tc", "qdisc", "del", "dev", port, "root", check=False)
+        return
+    burst = str(lab_netns.tbf_burst(rate))
+    sh("ip", "netns", "exec", netns, "tc", "qdisc", "replace", "dev", port, "root", "tbf", "rate", rate,
+       "burst", burst, "latency", "20ms")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checked(lab: tuple[LabHandle, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The lab's cables at CHECK_RATE, an inventory that says so (meshkit_link_rate), and the plan."""
+    handle, artifacts = lab
+    where = tmp_path_factory.mktemp("check")
+    inventory = where / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "lab.yml").write_text(handle.inventory.read_text())
+    (inventory / "group_vars" / "all.yml").write_text(
+        f"meshkit_artifacts_dir: {artifacts}\nmeshkit_link_rate: {CHECK_RATE}\n"
+    )
+    ports = lab_ports(handle)
+    try:
+        for (_host, port), netns in ports.items():
+            shape(netns, port, CHECK_RATE)
+        yield {
+            "handle": handle,
+            "inventory": inventory,
+            "artifacts": artifacts,
+            "ports": ports,
+            "plan": json.loads((artifacts / "plan.json").read_text()),
+            "cache": where / "cache",
+            "where": where,
+        }
+    finally:
+        for (_host, port), netns in ports.items():
+            shape(netns, port, None)
+
+
+def meshkit_check(checked: dict[str, Any], name: str, *extra: str) -> tuple[int, str, str, dict[str, Any], Path]:
+    """`meshkit check` on the lab; (exit status, stdout, stderr, the JSON report, the output folder)."""
+    out = checked["where"] / name
+    out.mkdir()
+    argv = [PYTHON, MESHKIT, "check", "-i", str(checked["inventory"]), "--json", str(out / "check.json"),
+            "--prometheus", str(out / "check.prom"), "--picture", str(out / "cabling-check.svg"), *extra]  # fmt: skip
+    env = dict(ENV, MESHKIT_LAUNCH_CACHE=str(checked["cache"]))
+    started = time.monotonic()
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, check=False,
+                         stdin=subprocess.DEVNULL, timeout=900)  # fmt: skip
+    (out / "stdout.txt").write_text(run.stdout)
+    (out / "stderr.txt").write_text(run.stderr + f"\n(took {time.monotonic() - started:.1f} s)\n")
+    report = json.loads((out / "check.json").read_text()) if (out / "check.json").exists() else {}
+    return run.returncode, run.stdout, run.stderr, report, out
+
+
+def check_cable(plan: dict[str, Any], a: str, b: str) -> tuple[str, tuple[str, str], tuple[str, str]]:
+    """The display name of the cable between hosts a and b, and its two ends (host, port)."""
+    for cable in plan["cables"]:
+        ends = [(e["host"], e["port"]) for e in cable["ends"]]
+        if {ends[0][0], ends[1][0]} == {a, b}:
+            return f"{ends[0][0]}:{ends[0][1]} \u2194 {ends[1][0]}:{ends[1][1]}", ends[0], ends[1]
+    raise AssertionError(f"no cable between {a} and {b} in the plan")
+
+
+def prometheus_series(text: str) -> list[tuple[str, dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        (s.name, dict(s.labels), s.value) for family in text_string_to_metric_families(text) for s in family.samples
+    ]
+
+
+def svg_edges(path: Path) -> dict[str, tuple[str, str]]:
+    """Every edge of a GraphViz SVG: its tooltip/title -> (stroke colour, its label text)."""
+    import xml.etree.ElementTree as ET
+
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    out = {}
+    for group in ET.parse(path).getroot().iter("{http://www.w3.org/2000/svg}g"):
+        if group.get("class") != "edge":
+            continue
+        anchor = group.find(".//svg:a", ns)
+        title = (anchor.get("{http://www.w3.org/1999/xlink}title") if anchor is not None else None) or (
+            group.findtext("svg:title", default="", namespaces=ns)
+        )
+        path_el = group.find(".//svg:path", ns)
+        text = " ".join(t.text or "" for t in group.iter("{http://www.w3.org/2000/svg}text"))
+        out[title] = ((path_el.get("stroke") if path_el is not None else "") or "", text)
+    return out
+
+
+def test_check_passes_a_healthy_mesh_with_every_cable_near_its_rate(checked):
+    """Every cable, alone in each direction and all at once, near the rate the inventory gives
+    (meshkit_link_rate = the cables' tbf rate); all_reduce against what a 4-host mesh allows; exit 0."""
+    rc, stdout, stderr, report, out = meshkit_check(checked, "healthy")
+    assert rc == 0, stdout + stderr
+    assert report["ok"] and not report["flagged"] and not report["problems"], stdout
+    assert len(report["cables"]) == 6
+    for cable in report["cables"]:
+        assert cable["expected_bps"] == CHECK_BITS and "meshkit_link_rate" in cable["expected_from"], cable
+        for mode in ("alone", "load"):
+            for direction in ("ab", "ba"):
+                # At least the threshold of the rate (else it would be flagged), and no more than the
+                # limit lets through (the figure is the cable's, not a buffer's).
+                assert 0.8 * CHECK_BITS <= cable[mode][direction] <= 1.1 * CHECK_BITS, (cable, stdout)
+        assert cable["loss"]["ab"] == 0 and cable["loss"]["ba"] == 0, cable
+        assert cable["rtt_us"] > 0 and not cable["flags"], cable
+    cluster = report["cluster"]
+    assert cluster["shape"] == "mesh" and cluster["factor"] == 3 and not cluster["flags"], cluster
+    assert all(row["correct"] for row in cluster["rows"]) and cluster["busbw_bps"] > 0, cluster
+    series = prometheus_series((out / "check.prom").read_text())
+    assert [value for name, _labels, value in series if name == "meshkit_check_ok"] == [1.0], series
+    assert not [s for s in series if s[0] == "meshkit_check_cable_flagged" and s[2]], series
+    for name, _ in ((c["cable"], c) for c in report["cables"]):
+        assert name in stdout, stdout
+
+    # Again, from the remembered plan: the hosts check it in one round trip (no Ansible).
+    rc, stdout, stderr, report, out = meshkit_check(checked, "healthy-again", "--quick")
+    assert rc == 0, stdout + stderr
+    assert "checked 4 hosts against the plan of the last full check" in stderr, stderr
+    assert report["quick"] and report["ok"], stdout
+    assert all(c["alone"] is None and c["load"] is None and c["rtt_us"] > 0 for c in report["cables"]), report
+
+
+def test_check_flags_the_one_cable_at_half_rate_everywhere(checked):
+    """One cable (both ends) at half the rate: that cable, and only that one, flagged by name in the
+    table, the JSON, the Prometheus file and the picture (red, with its figure); exit 1."""
+    name, a, b = check_cable(checked["plan"], "node2", "node3")
+    half = f"{int(CHECK_BITS / 2 / 1e6)}mbit"
+    try:
+        for end in (a, b):
+            shape(checked["ports"][end], end[1], half)
+        rc, stdout, stderr, report, out = meshkit_check(checked, "half-rate")
+    finally:
+        for end in (a, b):
+            shape(checked["ports"][end], end[1], CHECK_RATE)
+    assert rc == 1, stdout + stderr
+    assert report["flagged"] == [name], stdout
+    [slow] = [c for c in report["cables"] if c["cable"] == name]
+    assert "slow" in [f["flag"] for f in slow["flags"]], slow
+    assert all(0.4 * CHECK_BITS <= slow["alone"][d] <= 0.6 * CHECK_BITS for d in ("ab", "ba")), slow
+    for cable in report["cables"]:
+        if cable["cable"] != name:
+            assert not cable["flags"], cable
+    # The table: the flagged cable's line names it and the flag; no other cable's line is flagged.
+    lines = [line for line in stdout.splitlines() if "\u2194" in line]
+    assert [line for line in lines if "slow" in line] and all(
+        (name in line) == ("slow" in line) for line in lines if "slow" in line
+    ), stdout
+    series = prometheus_series((out / "check.prom").read_text())
+    flagged = {s[1]["cable"] for s in series if s[0] == "meshkit_check_cable_flagged" and s[2]}
+    assert flagged == {name}, series
+    assert [value for name, _labels, value in series if name == "meshkit_check_ok"] == [0.0], series
+    edges = svg_edges(out / "cabling-check.svg")
+    red = [title for title, (stroke, _) in edges.items() if stroke.lower() in ("red", "#ff0000", "#d62728")]
+    assert len(red) == 1, edges
+    assert "Mb/s" in edges[red[0]][1] or "Gb/s" in edges[red[0]][1], edges
+    shutil.copy(out / "cabling-check.svg", checked["artifacts"] / "cabling-check-flagged.svg")
+
+
+def test_check_quick_flags_a_lossy_cable_and_an_mtu_mismatch(checked):
+    """--quick (no job-sized traffic): a cable dropping 5 % of what reaches one end (nftables random
+    drop: this kernel has no netem) is flagged lossy; a cable whose ends differ in MTU is flagged."""
+    lossy, _a, (host, port) = check_cable(checked["plan"], "node1", "node4")
+    mismatched, (mtu_host, mtu_port), _b = check_cable(checked["plan"], "node1", "node2")
+    netns, mtu_netns = checked["ports"][(host, port)], checked["ports"][(mtu_host, mtu_port)]
+    table = f"meshkit_test_loss_{port}"
+    rules = (
+        f'table netdev {table} {{ chain ingress {{ type filter hook ingress device "{port}" priority 0; '
+        "policy accept; numgen random mod 1000 < 50 drop; }; }"
+    )
+    try:
+        sh("ip", "netns", "exec", netns, "nft", rules)
+        sh("ip", "-n", mtu_netns, "link", "set", "dev", mtu_port, "mtu", "9000")
+        rc, stdout, stderr, report, _out = meshkit_check(checked, "lossy-mtu", "--quick")
+    finally:
+        sh("ip", "netns", "exec", netns, "nft", "delete", "table", "netdev", table, check=False)
+        sh("ip", "-n", mtu_netns, "link", "set", "dev", mtu_port, "mtu", "1500", check=False)
+    assert rc == 1, stdout + stderr
+    flags = {c["cable"]: [f["flag"] for f in c["flags"]] for c in report["cables"]}
+    assert "lossy" in flags[lossy], (flags, stdout)
+    [cable] = [c for c in report["cables"] if c["cable"] == lossy]
+    assert max(cable["loss"]["ab"], cable["loss"]["ba"]) > 0.01, cable
+    assert "mtu-mismatch" in flags[mismatched], (flags, stdout)
+    assert sorted(report["flagged"]) == sorted([lossy, mismatched]), stdout
+    assert "9000" in stdout and "lossy" in stdout, stdout
+
+
+def test_check_playbook_reports_as_meshkit_check_does(checked):
+    """check.yml (launch.yml's checks, the same job, every host's facts, the same report): a cable
+    whose ends differ in MTU fails the play, named, and check.json says it is the only one."""
+    mismatched, (host, port), _b = check_cable(checked["plan"], "node3", "node4")
+    try:
+        sh("ip", "-n", checked["ports"][(host, port)], "link", "set", "dev", port, "mtu", "9000")
+        run = run_playbook("check.yml", "-e", "check_quick=true", inventory=str(checked["inventory"]))
+    finally:
+        sh("ip", "-n", checked["ports"][(host, port)], "link", "set", "dev", port, "mtu", "1500", check=False)
+    assert run.rc != 0, run.output
+    assert "mtu-mismatch" in run.output and mismatched in run.output, run.output
+    assert run.changed == 0, run.output  # a check changes nothing
+    report = json.loads((checked["artifacts"] / "check" / "check.json").read_text())
+    assert report["quick"] and len(report["cables"]) == 6 and report["flagged"] == [mismatched], report
+    assert all(c["rtt_us"] > 0 and c["loss"]["ab"] == 0 for c in report["cables"]), report

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from . import helpers as h
 
 PREFIX = "MESHKIT-CHECK "
@@ -315,3 +317,24 @@ def test_a_rank_that_dies_mid_run_ends_the_run_on_every_rank_with_an_error(tmp_p
         assert r.code == 1, r
         assert r.of("error") and not r.of("done"), r
         assert f"rank {r.rank} (node{r.rank + 1})" in r.of("error")[0]["msg"], r
+
+
+def test_steady_rate_leaves_out_a_stall_but_never_a_cable_slow_throughout() -> None:
+    from meshccl.linkcheck import steady_rate
+
+    def stamps(took: list[float]) -> list[float]:
+        out = [0.0]
+        for t in took:
+            out.append(out[-1] + t)
+        return out
+
+    piece = 1_000_000
+    assert steady_rate(piece, stamps([0.01] * 16)) == pytest.approx(100e6)
+    # One retransmit timeout (0.2 s) in 16 pieces of 10 ms: left out.
+    assert steady_rate(piece, stamps([0.01] * 15 + [0.2])) == pytest.approx(100e6)
+    # A cable at half rate is slow in every piece: half rate.
+    assert steady_rate(piece, stamps([0.02] * 16)) == pytest.approx(50e6)
+    # Stalls everywhere (a lossy cable): at most two are left out, the rest count.
+    assert steady_rate(piece, stamps([0.01] * 12 + [0.2] * 4)) == pytest.approx(14 * piece / (0.12 + 0.4))
+    # A late receiver moves time between neighbouring pieces; the sum is what counts.
+    assert steady_rate(piece, stamps([0.005, 0.015] * 8)) == pytest.approx(100e6)

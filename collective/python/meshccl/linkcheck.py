@@ -49,8 +49,15 @@ from meshccl import _env_options
 from meshccl.bootstrap import Plan, allow_no_token_from_env, job_id_from_env, plan_from_meshccl_hostfile
 
 PREFIX = "MESHKIT-CHECK "
-CHUNK = 1 << 20  # bytes per timed transfer unit
-MIN_CHUNKS, MAX_CHUNKS = 2, 2048
+CHUNK = 1 << 20  # bytes of the probe that sizes a direction's timed transfer
+# A timed transfer is PIECES pieces, each timed; the figure is bytes over time without at most
+# STALLS_LEFT_OUT pieces that took over STALL times the median piece: one stall (a retransmit
+# timeout after a lost packet, 200 ms or more) does not make a healthy cable look slow, while a
+# cable slow throughout is slow in every piece. Lost packets are the loss phase's to show.
+PIECES = 16
+STALL, STALLS_LEFT_OUT = 3.0, 2
+MIN_PIECE, MAX_PIECE = 64 << 10, 64 << 20
+MIN_CHUNKS, MAX_CHUNKS = PIECES, 4096
 PING_WARMUP, PING_ROUNDS = 5, 50
 LOSS_BYTES = 64
 LOSS_SPREAD_S = 0.2  # the probes of one direction are paced over this long
@@ -103,6 +110,22 @@ def clamp(x: float, lo: int, hi: int) -> int:
 
 def rate(nbytes: float, seconds: float) -> float:
     return nbytes / max(seconds, 1e-9)
+
+
+def piece_bytes(bytes_per_second: float, seconds: float) -> int:
+    """The size of each of the PIECES pieces of a transfer lasting about ``seconds`` at that
+    rate (4 KiB multiples, MIN_PIECE..MAX_PIECE)."""
+    want = bytes_per_second * seconds / PIECES if math.isfinite(bytes_per_second) else MAX_PIECE
+    return int(max(MIN_PIECE, min(MAX_PIECE, want))) // 4096 * 4096
+
+
+def steady_rate(piece: int, stamps: list[float]) -> float:
+    """Bytes per second of pieces of ``piece`` bytes timed by ``stamps`` (before the first, after
+    each), leaving out at most STALLS_LEFT_OUT stalls (see PIECES)."""
+    took = [b - a for a, b in zip(stamps, stamps[1:])]
+    typical = statistics.median(took)
+    stalls = sorted((t for t in took if t > STALL * typical), reverse=True)[:STALLS_LEFT_OUT]
+    return rate(piece * (len(took) - len(stalls)), sum(took) - sum(stalls))
 
 
 # --- the hostfile's cables ---------------------------------------------------------------------
@@ -466,31 +489,35 @@ class LinkCheck:
         self.sync()
 
     def one_way(self, end: End, sender: str) -> None:
-        """One direction alone: a 1 MiB probe, then n chunks; the receiver times both from its
-        "go" (which carries n) and keeps the figure."""
+        """One direction alone: a 1 MiB probe sizes the transfer, then n pieces of ``piece`` bytes
+        (the receiver's "go" carries both) each timed by the receiver (see PIECES)."""
         comm, peer = end.comm, end.peer
         assert comm is not None
-        go = np.zeros(1, np.int64)
-        data = np.zeros(CHUNK, np.uint8)
+        go = np.zeros(2, np.int64)
+        probe_data = np.zeros(CHUNK, np.uint8)
         if end.side == sender:
             comm.recv(go, peer)
-            comm.send(data, peer)
+            comm.send(probe_data, peer)
             comm.recv(go, peer)
-            for _chunk in range(int(go[0])):
+            data = np.zeros(int(go[1]), np.uint8)
+            for _piece in range(int(go[0])):
                 comm.send(data, peer)
             return
-        go[0] = 1
+        go[:] = (1, CHUNK)
         t0 = time.perf_counter()
         comm.send(go, peer)
-        comm.recv(data, peer)
+        comm.recv(probe_data, peer)
         probe = rate(CHUNK, time.perf_counter() - t0)
-        n = clamp(self.args.seconds * probe / CHUNK, MIN_CHUNKS, MAX_CHUNKS)
-        go[0] = n
-        t0 = time.perf_counter()
+        piece = piece_bytes(probe, self.args.seconds)
+        n = clamp(self.args.seconds * probe / piece, MIN_CHUNKS, MAX_CHUNKS)
+        data = np.zeros(piece, np.uint8)
+        go[:] = (n, piece)
+        stamps = [time.perf_counter()]
         comm.send(go, peer)
-        for _chunk in range(n):
+        for _piece in range(n):
             comm.recv(data, peer)
-        end.alone_rx = rate(n * CHUNK, time.perf_counter() - t0)
+            stamps.append(time.perf_counter())
+        end.alone_rx = steady_rate(piece, stamps)
 
     def load(self) -> None:
         self.progress("load", 1, 1, f"{len(self.usable())} cables")
@@ -506,12 +533,16 @@ class LinkCheck:
         def fn() -> None:
             comm, peer = end.comm, end.peer
             assert comm is not None and end.alone_rx is not None and end.alone_tx is not None
-            k = clamp(self.args.seconds * min(end.alone_rx, end.alone_tx) / CHUNK, MIN_CHUNKS, MAX_CHUNKS)
-            out, into = np.zeros(CHUNK, np.uint8), np.zeros(CHUNK, np.uint8)
-            t0 = time.perf_counter()
+            # Both ends compute the same sizes from the same two figures.
+            slower = min(end.alone_rx, end.alone_tx)
+            piece = piece_bytes(slower, self.args.seconds)
+            k = clamp(self.args.seconds * slower / piece, MIN_CHUNKS, MAX_CHUNKS)
+            out, into = np.zeros(piece, np.uint8), np.zeros(piece, np.uint8)
+            stamps = [time.perf_counter()]
             for _step in range(k):
                 comm.exchange([(out, peer)], [(into, peer)])
-            end.load_rx = rate(k * CHUNK, time.perf_counter() - t0)
+                stamps.append(time.perf_counter())
+            end.load_rx = steady_rate(piece, stamps)
 
         return fn
 
