@@ -805,7 +805,7 @@ def dot(plan: Mapping[str, Any], report: Mapping[str, Any], title: str) -> str:
             labelloc="t",
             fontname="Helvetica",
             fontsize=12,
-            mindist=1.6,
+            mindist=2.4,
             pad=0.4,
         ).replace("[", "graph [", 1),
         "  node " + _attrs(shape="box", style="rounded,filled", fillcolor="#f2f4f7", fontname="Helvetica"),
@@ -818,9 +818,10 @@ def dot(plan: Mapping[str, Any], report: Mapping[str, Any], title: str) -> str:
         key = cable_key(cable)
         entry = by_key.get(key)
         attrs: dict[str, Any] = {
-            "taillabel": f"{a['port']}\n{a['address']}",
-            "headlabel": f"{b['port']}\n{b['address']}",
-            "tooltip": display(key),
+            # Ports only (the addresses are setup.yml's picture's): the figures need the room.
+            "taillabel": a["port"],
+            "headlabel": b["port"],
+            "tooltip": f"{display(key)} ({a['address']} / {b['address']})",
         }
         if entry is None:
             attrs.update(color=PLAIN, penwidth=1.5, style="dashed", label="not checked")
