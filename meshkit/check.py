@@ -221,7 +221,7 @@ def prepare(args: argparse.Namespace, program: list[str], display: Display) -> t
         cwd=None,
         recheck=args.recheck,
         extra_vars=args.extra_vars,
-        quiet=not args.verbose,
+        quiet=False,  # launch.yml's tasks, or the hosts' one round trip, as progress
         label="meshkit check",
     )
     problems: list[str] = []
