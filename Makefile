@@ -126,7 +126,7 @@ integration: venv
 ## Lint, meshccl's C++ suites (plain, sanitized, fuzzed), its macOS builds and its macOS code paths on Linux,
 ## then every Python test (unit, meshccl jobs, lab integration) in one pytest run.
 test: lint sanity meshccl-cpp meshccl-sanitize meshccl-fuzz meshccl-macos meshccl-portable
-	pytest tests
+	pytest tests --durations=25
 
 ## Ansible's own checks on the collection as ansible-galaxy builds it (scripts/ansible-sanity).
 sanity: venv
