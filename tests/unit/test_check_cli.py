@@ -53,3 +53,26 @@ def test_progress_steps_match_the_workers_phases() -> None:
     # connect + latency per cable + loss; full: + alone per cable + load + three all_reduce sizes
     assert check.steps_of(6, quick=True) == 8
     assert check.steps_of(6, quick=False) == 18
+
+
+def test_a_check_the_preflight_refuses_is_reported_and_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Mac whose Thunderbolt Bridge is back (or whose Local Network Privacy blocks the ranks'
+    Python): launch.yml's preflight refuses the job; the check reports it as not-ready, in the
+    table, the JSON and the Prometheus file, and exits 1 (never 0 for a check that did not run)."""
+    refusal = (
+        "studio2: preflight failed; no rank of job j1 was started: cable port en3 is a member of bridge0 "
+        "(the Thunderbolt Bridge is active again: JACCL fails with errno 22); docs/runbooks/thunderbolt-bridge.md"
+    )
+    monkeypatch.setattr(check, "prepare", lambda args, program, display: (None, [refusal]))
+    args = cli.parser().parse_args(
+        ["check", "-i", "inv.yml", "--json", str(tmp_path / "r.json"), "--prometheus", str(tmp_path / "m.prom")]
+    )
+    assert check.run(args) == 1
+    out = capsys.readouterr().out
+    assert "not-ready" in out and "bridge0" in out, out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert not report["ok"] and any("bridge0" in line for line in report["problems"]), report
+    prom = (tmp_path / "m.prom").read_text()
+    assert "meshkit_check_ok" in prom and 'flag="not-ready"' in prom, prom
