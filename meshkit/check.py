@@ -42,7 +42,7 @@ from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate
 
-from meshkit import launch_connection, launch_fast
+from meshkit import check_drift, launch_connection, launch_fast
 
 MARK = "MESHKIT-CHECK "
 PROGRAM = ["python3", "-m", "meshccl.linkcheck"]
@@ -234,8 +234,6 @@ def prepare(args: argparse.Namespace, program: list[str], display: Display) -> t
 
 def host_drift(job: dict, connections: dict, context: dict) -> tuple[dict[str, dict], list[dict[str, Any]]]:
     """Every host's facts (over its launch connection, all at once) and the drift they show."""
-    from meshkit import check_drift
-
     specs = launch_fast.check_specs(job, context)
     for spec in specs.values():
         spec["rdma"] = True
@@ -254,7 +252,7 @@ def cables_named(text: str, plan: dict[str, Any]) -> str:
     for cable in plan.get("cables") or []:
         ends = cable.get("ends") or []
         if any(re.search(rf"(?<![0-9.]){re.escape(str(e.get('address')))}(?![0-9])", text) for e in ends):
-            found.append(" \u2194 ".join(f"{e['host']}:{e['port']}" for e in ends))
+            found.append(check_drift.display(check_drift.cable_key(*ends)))
     return f"{text} (cable {', '.join(found)})" if found else text
 
 

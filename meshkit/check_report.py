@@ -30,6 +30,9 @@ from typing import Any
 from ansible_collections.meshkit.cluster.plugins.module_utils.picture import DEAD, MISSING, PLAIN, _attrs, _q
 from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate, rate_in
 
+from meshkit import check_drift
+from meshkit.check_drift import display
+
 VERSION = 1
 
 FROM_CLI = "from --link-rate"
@@ -91,17 +94,9 @@ def percent(ratio: float, near: float | None = None) -> str:
     return f"{value:.0f}"
 
 
-def display(key: str) -> str:
-    return key.replace(" <-> ", " \u2194 ")
-
-
-def _end(end: Mapping[str, Any]) -> str:
-    return f"{end['host']}:{end['port']}"
-
-
 def cable_key(cable: Mapping[str, Any]) -> str:
     a, b = cable["ends"]
-    return f"{_end(a)} <-> {_end(b)}"
+    return check_drift.cable_key(a, b)
 
 
 def _number(value: Any) -> float | None:
@@ -410,8 +405,8 @@ def build(
         a, b = cable["ends"]
         key = cable_key(cable)
         record = by_key.get(key)
-        if record is None and f"{_end(b)} <-> {_end(a)}" in by_key:
-            record = _swapped(by_key[f"{_end(b)} <-> {_end(a)}"])
+        if record is None and check_drift.cable_key(b, a) in by_key:
+            record = _swapped(by_key[check_drift.cable_key(b, a)])
         expected, source = expected_rate(cable, facts, link_rate_bps, inventory_rates)
         mtu_a, mtu_b = (_port_facts(facts, end).get("mtu") for end in (a, b))
         error = None
@@ -428,8 +423,8 @@ def build(
             {
                 "cable": display(key),
                 "key": key,
-                "a": _end(a),
-                "b": _end(b),
+                "a": f"{a['host']}:{a['port']}",
+                "b": f"{b['host']}:{b['port']}",
                 "expected_bps": expected,
                 "expected_from": source,
                 "reference_bps": expected,
