@@ -21,12 +21,13 @@ from . import helpers as h
 RING4 = [(1, 3), (3, 2), (2, 4), (4, 1)]  # ring order node1 node3 node2 node4
 MESH4 = [(a, b) for a in range(1, 5) for b in range(a + 1, 5)]  # ring order node1 .. node4
 
-pytestmark = pytest.mark.skipif(shutil.which("scontrol") is None, reason="needs Slurm's scontrol (slurm-client)")
-
 
 @pytest.fixture
 def slurm_conf(tmp_path: Path) -> Path:
-    """A minimal slurm.conf: enough for scontrol to expand node lists, no daemon."""
+    """A minimal slurm.conf: enough for scontrol to expand node lists, no daemon. Tests that use
+    it need Slurm's scontrol (slurm-client, in scripts/system-deps; not on a Mac)."""
+    if shutil.which("scontrol") is None:
+        pytest.skip("needs Slurm's scontrol (Debian/Ubuntu: slurm-client)")
     conf = tmp_path / "slurm.conf"
     conf.write_text(
         textwrap.dedent(
