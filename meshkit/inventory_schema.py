@@ -23,6 +23,10 @@ CLUSTER_WIDE = (
     "meshkit_ranks_per_host",
     "meshkit_master_port",
     "meshkit_meshccl_port",
+    "meshkit_slurm",
+    "meshkit_slurm_controller",
+    "meshkit_slurm_partition",
+    "meshkit_slurm_munge_key",
 )
 
 SCHEMA: dict[str, dict[str, Any]] = {
@@ -45,6 +49,10 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "meshkit_meshccl_python": {"type": "string", "empty": False},
     "meshkit_meshccl_build_on": {"type": "string", "allowed": ["controller", "group", "host"]},
     "meshkit_artifacts_dir": {"type": "string", "nullable": True},
+    "meshkit_slurm": {"type": "boolean"},
+    "meshkit_slurm_controller": {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+    "meshkit_slurm_partition": {"type": "string", "regex": r"^[A-Za-z0-9_-]{1,40}$"},
+    "meshkit_slurm_munge_key": {"type": "string", "nullable": True, "empty": False},
     "meshkit_hosts": {"type": "string"},
     # Written by playbooks/lab.yml into lab inventories.
     "meshkit_lab_name": {"type": "string"},
@@ -74,6 +82,12 @@ HINTS = {
     "meshkit_meshccl_install": "true (setup.yml installs meshccl on every host) or false",
     "meshkit_meshccl_venv": "give an absolute path for meshccl's virtual environment (default: <state_dir>/meshccl)",
     "meshkit_meshccl_python": "name the host's Python 3.9 or later that makes meshccl's environment",
+    "meshkit_slurm": "true (setup.yml sets up Slurm: munge, slurmctld, slurmd) or false",
+    "meshkit_slurm_controller": "name the cluster host slurmctld runs on, or leave it unset for the ring's first host",
+    "meshkit_slurm_partition": "letters, digits, '_' or '-' (the name of Slurm's one partition)",
+    "meshkit_slurm_munge_key": (
+        "give the path of a munge key on the controller, or leave it unset to use the slurmctld host's"
+    ),
     "meshkit_meshccl_build_on": (
         "use controller (the controller builds where its platform matches the host, else the host's group's first "
         "host), group (the group's first host always) or host (every host builds its own)"
@@ -112,9 +126,10 @@ def _coerce(doc: dict[str, Any]) -> dict[str, Any]:
             out[key] = int(value)
     if out.get("meshkit_mtu") == "":
         out["meshkit_mtu"] = None
-    flag = out.get("meshkit_meshccl_install")
-    if isinstance(flag, str) and flag.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
-        out["meshkit_meshccl_install"] = flag.strip().lower() in ("true", "yes", "1")
+    for key in ("meshkit_meshccl_install", "meshkit_slurm"):
+        flag = out.get(key)
+        if isinstance(flag, str) and flag.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
+            out[key] = flag.strip().lower() in ("true", "yes", "1")
     if out.get("meshkit_meshccl_venv") == "":
         out["meshkit_meshccl_venv"] = None
     return out

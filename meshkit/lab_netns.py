@@ -47,6 +47,19 @@ NETWORKD = ("/lib/systemd/systemd-networkd", "/usr/lib/systemd/systemd-networkd"
 # forwards, and gets its carrier and IPv6 link-local address, ~8 s after its ports come up
 # rather than the 30 s of the kernel's defaults.
 STP_TIMERS = {"hello_time": 1, "max_age": 6, "forward_delay": 4}
+# Directories a service keeps its configuration, keys, state and logs in, which on a cluster every
+# host has its own of (the lab hosts otherwise share the machine's filesystem): Slurm's and munge's.
+# Each host gets an empty one of the machine's owner and mode, as after the package's install but
+# without its key or configuration, so the slurm role must bring them (as on a real cluster). Only
+# those the machine has (scripts/system-deps installs the packages) are made the host's own.
+HOST_OWN_DIRS = (
+    "/etc/munge",
+    "/var/lib/munge",
+    "/var/log/munge",
+    "/etc/slurm",
+    "/var/lib/slurm",
+    "/var/log/slurm",
+)
 
 
 class LabError(RuntimeError):
@@ -363,6 +376,31 @@ class Lab:
     def etc_dir(self, name: str) -> Path:
         return self.host_dir(name) / "etc"
 
+    def own_dirs_root(self, name: str) -> Path:
+        return self.host_dir(name) / "own"
+
+    def _own_dirs(self, h: Host) -> list[list[str]]:
+        """Fresh per-host copies (empty, the machine's owner and mode) of HOST_OWN_DIRS: binds."""
+        root = self.own_dirs_root(h.name)
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        root.chmod(0o755)
+        binds = []
+        for path in HOST_OWN_DIRS:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            own = root / path.strip("/").replace("/", "-")
+            own.mkdir()
+            os.chown(own, st.st_uid, st.st_gid)
+            own.chmod(stat.S_IMODE(st.st_mode))
+            binds.append([str(own), path])
+        return binds
+
     def network_dir(self, name: str) -> Path:
         return self.host_dir(name) / "network"
 
@@ -534,6 +572,7 @@ class Lab:
             binds = [
                 [str(state_dir), "/var/lib/meshkit"],
                 [str(ssh_dir), "/etc/ssh"],
+                *self._own_dirs(h),
             ]
             for name, (content, mode) in self._etc_files(h).items():
                 path = etc / name
@@ -561,6 +600,7 @@ class Lab:
                     (net / name).chmod(0o644)
                 binds.append([str(net), "/etc/systemd/network"])
             config = {
+                "cgroups": machine_cgroups(),
                 "hostname": h.name,
                 "mgmt_ip": h.mgmt_ip,
                 "sshd": self.sshd,
@@ -948,6 +988,22 @@ class Lab:
         data["control_dir"] = str(self.control_dir)
         data["dir"] = str(self.dir)
         return data
+
+
+def machine_cgroups(mounts: str = "/proc/self/mounts") -> list[list[str]]:
+    """The machine's cgroup file systems under /sys/fs/cgroup: [fstype, target, options] each, for
+    the hosts to mount again (cgroup v2 alone, or v1 controllers with a v2 "unified" beside them)."""
+    out = []
+    for line in Path(mounts).read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[2] not in ("cgroup", "cgroup2"):
+            continue
+        target = fields[1]
+        if target != "/sys/fs/cgroup" and not target.startswith("/sys/fs/cgroup/"):
+            continue
+        keep = [o for o in fields[3].split(",") if o not in ("rw", "ro", "relatime", "seclabel")]
+        out.append([fields[2], target, ",".join(keep) or "defaults"])
+    return out
 
 
 def describe_change(before: dict[str, Any], after: dict[str, Any]) -> str:

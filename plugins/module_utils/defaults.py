@@ -32,6 +32,12 @@ DEFAULTS: dict[str, Any] = {
     "meshkit_meshccl_install": True,
     "meshkit_meshccl_venv": None,
     "meshkit_meshccl_python": "python3",
+    # Slurm (the slurm role, opt-in): slurmctld's host (None: the first host in the cabling's ring),
+    # the partition, and a munge key on the controller (None: the slurmctld host's own).
+    "meshkit_slurm": False,
+    "meshkit_slurm_controller": None,
+    "meshkit_slurm_partition": "meshkit",
+    "meshkit_slurm_munge_key": None,
     # None: artifacts/<meshkit_cluster_name> under the directory ansible-playbook (or meshkit) runs in.
     "meshkit_artifacts_dir": None,
 }

@@ -115,6 +115,14 @@ def boot_filesystems(cfg: dict[str, Any]) -> None:
         # pass through them, as through a cluster's shared storage; what each entry lets it read
         # is still that entry's own business.
         rebind(directory, 0o711)
+    if cfg.get("cgroups"):
+        # "ip netns exec" mounted a fresh sysfs on /sys, which hides the machine's cgroup file
+        # systems: mount them again where a host has them (slurmd, systemd and container tools read
+        # them). The same hierarchies as the machine's, so what a host's processes are in is real.
+        mount("-t", "tmpfs", "-o", "mode=0755,nosuid,nodev,noexec", "cgroup", "/sys/fs/cgroup")
+        for fstype, target, options in cfg["cgroups"]:
+            os.makedirs(target, exist_ok=True)
+            mount("-t", fstype, "-o", options, fstype, target)
     # Shared memory is per host (ranks on one host share it, hosts do not). /tmp stays the
     # machine's: the checkout may live there, and every host must see programs at the same
     # paths, as on a cluster with shared storage.
