@@ -44,7 +44,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from meshkit import check, launch_connection, launch_fast
+from meshkit import check, launch_connection, launch_fast, launch_slurm
 from meshkit.collection import collection_root, runner_env
 from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
 from meshkit.launch_plan import ENV_NAME, HIDDEN, LaunchError, is_secret, secret_values
@@ -124,6 +124,12 @@ def parser() -> argparse.ArgumentParser:
                         help="a host not heard from for this long (a partition) is lost: every other rank is "
                         f"stopped and the launch fails naming it; its own ranks stop when its supervisor has not "
                         f"heard from here for as long ({launch_connection.DEFAULT_HOST_TIMEOUT:g})")  # fmt: skip
+    launch.add_argument("--scheduler", choices=["meshkit", "slurm"], default="meshkit",
+                        help="who starts the ranks: meshkit's own supervisor on every host (default), or Slurm "
+                        "(one srun on --submit-host; the cluster set up with meshkit_slurm: true)")  # fmt: skip
+    launch.add_argument("--submit-host", metavar="HOST",
+                        help="--scheduler slurm: the host srun runs on (default: rank 0's host)")  # fmt: skip
+    launch.add_argument("--partition", help="--scheduler slurm: the Slurm partition (default: Slurm's default)")
     launch.add_argument("--cwd", help="the ranks' working directory (absolute, on every host)")
     launch.add_argument("--no-stdin", action="store_true", help="give the ranks no stdin (/dev/null)")
     launch.add_argument("-q", "--quiet", action="store_true", help="show only the summary (the logs keep everything)")
@@ -285,6 +291,11 @@ def launch(args: argparse.Namespace) -> int:
         print("meshkit launch: give the program to run after --, e.g. meshkit launch -i inv.yml -- python3 x.py",
               file=sys.stderr)  # fmt: skip
         return 2
+    slurm = getattr(args, "scheduler", "meshkit") == "slurm"
+    if slurm and args.runtime not in launch_slurm.RUNTIMES:
+        print(f"meshkit launch: --scheduler slurm runs {' and '.join(launch_slurm.RUNTIMES)} jobs so far, not "
+              f"{args.runtime}; launch it without --scheduler (meshkit's own launcher)", file=sys.stderr)  # fmt: skip
+        return 2
     prepared = quick(args, program)
     if prepared is None:
         return 2
@@ -308,16 +319,33 @@ def launch(args: argparse.Namespace) -> int:
         stream.write(f"meshkit launch: {text}\n" if event else f"{text}\n")
         stream.flush()
 
+    via = ""
+    if slurm:
+        submit = args.submit_host or min(job["ranks"], key=lambda r: r["rank"])["host"]
+        via = f" through Slurm (srun on {submit})"
     print(
         f"meshkit launch: job {job['job_id']}: {job['world_size']} ranks of {job['runtime']} on "
-        f"{len(connections)} hosts{'; stdin goes to every rank' if broadcast else ''}",
+        f"{len(connections)} hosts{via}{'; stdin goes to every rank' if broadcast else ''}",
         file=sys.stderr,
         flush=True,
     )
     log_dir = Path(job.get("log_dir") or Path(tempfile.gettempdir()) / "meshkit-launch" / job["job_id"])
     try:
-        hosts = hosts_for(job, connections, values, log_dir, args.host_timeout)
-    except MpiError as exc:
+        if slurm:
+            hosts = [
+                launch_slurm.host_job(
+                    job,
+                    connections,
+                    submit_host=submit,
+                    state_dir=job["job_dir"].rsplit("/jobs/", 1)[0],
+                    secret_values=values,
+                    host_timeout=args.host_timeout,
+                    partition=args.partition,
+                )
+            ]
+        else:
+            hosts = hosts_for(job, connections, values, log_dir, args.host_timeout)
+    except (MpiError, launch_slurm.SlurmError) as exc:
         print(f"meshkit launch: {exc}; the job was not started", file=sys.stderr)
         return 2
     terminal = Terminal(write, lines=not args.quiet, log=str(log_dir / "output.log"))
@@ -331,14 +359,15 @@ def launch(args: argparse.Namespace) -> int:
             stdin=sys.stdin if broadcast else None,
             partial_flush=0.1,
             host_timeout=args.host_timeout,
-            lines=Lines(job),
+            lines=launch_slurm.Lines(job) if slurm else Lines(job),
             terminal=terminal,
         ).run()
     finally:
         terminal.close()  # what the terminal has not taken yet (this may wait for a paused pager)
     for line in result.table():
         print(f"  {line}", file=sys.stderr)
-    reason, failures = explain(job, result) if not result.ok else (result.reason, [])
+    why = launch_slurm.explain if slurm else explain
+    reason, failures = why(job, result) if not result.ok else (result.reason, [])
     for heading, tail in failures[:1] if not result.reason.startswith("interrupted") else []:
         print(f"meshkit launch: {heading}; last lines:", file=sys.stderr)
         for line in tail or ["(no output)"]:
@@ -349,6 +378,9 @@ def launch(args: argparse.Namespace) -> int:
     if result.reason.startswith("interrupted"):
         return 130
     failed = result.failed
+    code = launch_slurm.exit_code(job, result) if slurm else None
+    if code:
+        return min(code, 255)
     if failed and failed[0].code:
         return min(int(failed[0].code), 255)
     if any(r.state == "timeout" for r in result.ranks):

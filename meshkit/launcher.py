@@ -111,8 +111,8 @@ class HostJob:
     files: dict[str, str] = field(default_factory=dict)  # written into job_dir before any rank starts
 
 
-def log_name(rank: int) -> str:
-    return "mpirun.log" if rank < 0 else f"rank-{rank}.log"
+def log_name(rank: int, driver: str = "mpirun") -> str:
+    return f"{driver}.log" if rank < 0 else f"rank-{rank}.log"
 
 
 @dataclass
@@ -132,11 +132,13 @@ class RankState:
     partial_at: float = 0.0
     started_at: float | None = None
     ended_at: float | None = None
+    # Rank -1: the one process meshkit starts that starts every rank (mpirun, or srun under Slurm).
+    driver: str = "mpirun"
 
     @property
     def label(self) -> str:
-        """ "rank N", or "mpirun" for the one process of an MPI job meshkit itself starts (rank -1)."""
-        return "mpirun" if self.rank < 0 else f"rank {self.rank}"
+        """ "rank N", or the driver's name ("mpirun", "srun") for the one process that starts every rank (rank -1)."""
+        return self.driver if self.rank < 0 else f"rank {self.rank}"
 
     def describe(self) -> str:
         if self.error:
@@ -207,7 +209,7 @@ class JobResult:
         for r in sorted(self.ranks, key=lambda r: (order.get(r.state, 5), r.rank)):
             took = "" if r.started_at is None or r.ended_at is None else f"  {r.ended_at - r.started_at:.1f} s"
             what = "exit code 0" if r.state == "ok" else r.describe()
-            name = "mpirun    " if r.rank < 0 else f"rank {r.rank:>3} "
+            name = f"{r.driver:<10}" if r.rank < 0 else f"rank {r.rank:>3} "
             lines.append(f"{name}{r.host:<12} {r.state:<8} {what}{took}")
         return lines
 
@@ -435,7 +437,9 @@ class Launcher:
         self.ranks: dict[int, RankState] = {}
         for hj in hosts:
             for spec in hj.ranks:
-                self.ranks[spec["rank"]] = RankState(spec["rank"], hj.host, list(spec["argv"]))
+                self.ranks[spec["rank"]] = RankState(
+                    spec["rank"], hj.host, list(spec["argv"]), driver=spec.get("driver") or "mpirun"
+                )
         self.stopping: str | None = None
         self.stop_sent_at: float | None = None
         self.killed_connections = False
@@ -446,8 +450,8 @@ class Launcher:
     def _open_logs(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.rank_logs = {
-            r: open(self.log_dir / log_name(r), "w", encoding="utf-8", errors="replace")  # noqa: SIM115
-            for r in self.ranks
+            r: open(self.log_dir / log_name(r, state.driver), "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+            for r, state in self.ranks.items()
         }
         self.combined = open(self.log_dir / "output.log", "w", encoding="utf-8", errors="replace")  # noqa: SIM115
         # Ranks whose lines come through another's (MPI ranks, in mpirun's output): log, host, last lines.
@@ -640,7 +644,7 @@ class Launcher:
             rank.state, rank.pid, rank.started_at = "running", msg["pid"], time.monotonic()
             if self.all_running is None and all(r.started_at is not None for r in self.ranks.values()):
                 self.all_running = rank.started_at - self.t0
-                what = "mpirun" if -1 in self.ranks else f"all {len(self.ranks)} ranks"
+                what = self.ranks[-1].driver if -1 in self.ranks else f"all {len(self.ranks)} ranks"
                 self._event(f"{what} running after {self.all_running:.2f} s")
         elif kind == "exit":
             self._rank_exit(msg)
@@ -896,7 +900,7 @@ class Launcher:
         ranks = [self.ranks[r] for r in sorted(self.ranks)]
         ok = self.stopping is None and all(r.state == "ok" for r in ranks)
         if ok:
-            reason = "mpirun exited 0" if -1 in self.ranks else f"all {len(ranks)} ranks exited 0"
+            reason = f"{self.ranks[-1].driver} exited 0" if -1 in self.ranks else f"all {len(ranks)} ranks exited 0"
         elif self.first_failure is not None:
             failed = [r for r in ranks if r.state in ("failed", "lost")]
             reason = "; ".join(f"{r.label} ({r.host}) {r.describe()}" for r in failed)

@@ -1,0 +1,231 @@
+# Copyright: meshkit contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Jobs through Slurm: one ``srun`` on a submit host (any host of the cluster: every one has
+slurm.conf and the munge key), the ranks placed by Slurm in meshkit's ring order.
+
+The job is planned and checked as for meshkit's own launcher (launch.yml, or the remembered plan
+verified by every host); then, instead of one agent per host, one agent on the submit host runs
+
+    srun --job-name meshkit-<job id> --nodes N --ntasks W --distribution=arbitrary
+         --kill-on-bad-exit=1 --label --export=ALL [--chdir DIR] -- /bin/sh -c WRAP meshkit-rank PROGRAM...
+
+with ``SLURM_HOSTFILE`` naming the ring's hosts, rank by rank, so Slurm's task r is meshkit's rank r
+on the plan's host. Every task gets the environment of the plan common to all ranks (the job token
+among it, from the agent's environment, never a command line); WRAP sets what differs per rank from
+Slurm's own variables (MESHKIT_RANK = SLURM_PROCID, ...). meshccl finds its rank from Slurm's
+environment and the hostfile setup.yml wrote on every host (``<state dir>/hostfiles/meshccl.json``;
+meshccl.bootstrap, "Under Slurm"), so no job file has to reach the hosts first.
+
+A rank that exits non-zero makes Slurm kill the others (--kill-on-bad-exit); srun names it
+("srun: error: node2: task 3: Exited with exit code 7") and the launch names it from there.
+Stopping srun (Ctrl-C, --timeout, a lost submit host) ends the job step on every host; so does
+``scancel``, which srun reports as a cancelled job.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from meshkit import launcher
+from meshkit.launch_plan import JOB_ID_ENV
+from meshkit.launcher import HostJob, agent_argv, with_secrets
+
+# The runtimes a Slurm job can run so far: their ranks need nothing per job on the hosts.
+RUNTIMES = ("meshccl", "plain")
+# Set per rank by the plan; under srun every task has the same environment and WRAP sets these.
+PER_RANK = ("MESHKIT_RANK", "MESHKIT_LOCAL_RANK", "MESHKIT_HOST", "MESHCCL_RANK")
+WRAP = (
+    'MESHKIT_RANK="$SLURM_PROCID" MESHKIT_LOCAL_RANK="$SLURM_LOCALID" MESHKIT_HOST="$SLURMD_NODENAME"; '
+    'export MESHKIT_RANK MESHKIT_LOCAL_RANK MESHKIT_HOST; {path}exec "$@"'
+)
+
+
+def wrap(job: dict[str, Any]) -> str:
+    """The shell line each task runs its program through: the per-rank variables from Slurm's, and
+    per host the directories the plan puts first on PATH (the host's meshccl environment)."""
+    cases = {}
+    for r in job["ranks"]:
+        if r.get("path_prepend"):
+            cases[r["host"]] = ":".join(r["path_prepend"])
+    path = ""
+    if cases:
+        arms = " ".join(f'{shlex.quote(h)}) PATH={shlex.quote(p)}:"$PATH";;' for h, p in cases.items())
+        path = f'case "$SLURMD_NODENAME" in {arms} esac; export PATH; '
+    return WRAP.format(path=path)
+
+
+# srun --label: "<task>: text", the task number right-aligned to the widest.
+LABEL = re.compile(r"^\s*(\d+): ?(.*)$", re.S)
+# srun's report of a task that failed: "srun: error: node2: task 3: Exited with exit code 7",
+# "srun: error: node1: tasks 0-1: Killed".
+TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
+EXITED = re.compile(r"Exited with exit code (\d+)")
+CANCELLED = re.compile(r"\bCANCELLED\b")
+# srun's words when the step was ended from outside (scancel), not by a task that failed.
+ABORTED = "Job step aborted"
+HOSTFILE_NAME = "slurm-hostfile"
+
+
+class SlurmError(ValueError):
+    """This job cannot run through Slurm (a runtime it does not run yet, an unknown submit host)."""
+
+
+def slurm_hostfile(job: dict[str, Any]) -> str:
+    """SLURM_HOSTFILE: one host per task, in rank order (Slurm's task r runs on line r's host)."""
+    return "".join(f"{r['host']}\n" for r in sorted(job["ranks"], key=lambda r: r["rank"]))
+
+
+def job_name(job: dict[str, Any]) -> str:
+    return f"meshkit-{job['job_id']}"
+
+
+def common_env(job: dict[str, Any], state_dir: str) -> dict[str, str]:
+    """Every task's environment: rank 0's less what differs per rank; meshccl reads the hostfile
+    setup.yml wrote on every host, with Slurm's layout (meshccl.bootstrap's Slurm path)."""
+    first = min(job["ranks"], key=lambda r: r["rank"])
+    env = {k: v for k, v in first["env"].items() if k not in PER_RANK}
+    if "MESHCCL_HOSTFILE" in env:
+        env["MESHCCL_HOSTFILE"] = f"{state_dir.rstrip('/')}/hostfiles/meshccl.json"
+    return env
+
+
+def srun_argv(job: dict[str, Any], *, partition: str | None = None, srun: str = "srun") -> list[str]:
+    first = min(job["ranks"], key=lambda r: r["rank"])
+    hosts = list(dict.fromkeys(r["host"] for r in sorted(job["ranks"], key=lambda r: r["rank"])))
+    argv = [
+        srun,
+        "--job-name", job_name(job),
+        "--nodes", str(len(hosts)),
+        "--ntasks", str(job["world_size"]),
+        "--distribution=arbitrary",
+        "--kill-on-bad-exit=1",
+        "--label",
+        "--export=ALL",
+    ]  # fmt: skip
+    if partition:
+        argv += ["--partition", partition]
+    if first.get("cwd"):
+        argv += ["--chdir", first["cwd"]]
+    return [*argv, "--", "/bin/sh", "-c", wrap(job), "meshkit-rank", *first["argv"]]
+
+
+def host_job(
+    job: dict[str, Any],
+    connections: Mapping[str, dict[str, Any]],
+    *,
+    submit_host: str,
+    state_dir: str,
+    secret_values: Mapping[str, str],
+    host_timeout: float | None = None,
+    partition: str | None = None,
+) -> HostJob:
+    """The job's one process, srun, run by an agent on ``submit_host`` (as rank -1, "srun")."""
+    if job["runtime"] not in RUNTIMES:
+        raise SlurmError(
+            f"--scheduler slurm runs {' and '.join(RUNTIMES)} jobs so far, not {job['runtime']}; "
+            "launch it without --scheduler (meshkit's own launcher)"
+        )
+    if submit_host not in connections:
+        raise SlurmError(f"submit host {submit_host!r} is not a host of this job ({', '.join(sorted(connections))})")
+    conn = dict(connections[submit_host])
+    if host_timeout is not None:
+        conn["host_timeout"] = host_timeout
+    env = {
+        JOB_ID_ENV: str(job["job_id"]),
+        **common_env(job, state_dir),
+        **with_secrets(job, secret_values),
+        "SLURM_HOSTFILE": f"{job['job_dir']}/{HOSTFILE_NAME}",
+    }
+    return HostJob(
+        submit_host,
+        agent_argv(conn, conn.get("python") or "python3"),
+        job["job_dir"],
+        [{"rank": -1, "argv": srun_argv(job, partition=partition), "env": env, "cwd": None, "driver": "srun"}],
+        {HOSTFILE_NAME: slurm_hostfile(job)},
+    )
+
+
+def describe(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+class Lines(launcher.Lines):
+    """srun's ``--label`` output taken apart per task (Slurm's task r is the plan's rank r); srun's
+    own lines ("srun: ...") are shown as its own."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.hosts = {r["rank"]: r["host"] for r in job["ranks"]}
+
+    def split(self, rank: Any, line: str) -> list[launcher.Shown]:
+        if rank.rank >= 0:
+            return [(rank.rank, rank.host, line)]
+        m = LABEL.match(line)
+        if m and int(m.group(1)) in self.hosts:
+            r = int(m.group(1))
+            return [(r, self.hosts[r], m.group(2))]
+        return [(None, rank.host, line)]
+
+    def __call__(self, rank: Any, line: str) -> list[str]:
+        return [f"[srun] {text}" if r is None else f"[{r}|{host}] {text}" for r, host, text in self.split(rank, line)]
+
+
+def first_failure(text: str) -> tuple[int, str, int | None, str] | None:
+    """(task, host, exit code or None, srun's words) of the first task srun reported as failed with
+    an exit code (the one that made Slurm kill the rest), else the first task it reported at all."""
+    reported = []
+    for line in text.splitlines():
+        m = TASK_ERROR.search(line)
+        if not m:
+            continue
+        host, tasks, what = m.group(1), m.group(2), m.group(3).strip()
+        first = int(re.split(r"[,-]", tasks)[0])
+        code = EXITED.search(what)
+        reported.append((first, host, int(code.group(1)) if code else None, what))
+    for entry in reported:
+        if entry[2] not in (None, 0):
+            return entry
+    return reported[0] if reported else None
+
+
+def explain(job: dict[str, Any], outcome: Any) -> tuple[str, list[tuple[str, list[str]]]]:
+    """Why a Slurm job failed and (heading, last lines) of the rank to blame: the first task srun
+    reported exiting non-zero; else, when the step was aborted from outside (scancel, a node
+    lost), the job; else the first task srun reported at all."""
+    failed = outcome.failed or [r for r in outcome.ranks if r.state == "timeout"]
+    reason = outcome.reason
+    if not failed:
+        return reason, []
+    srun = failed[0]
+    said = "\n".join(srun.tail)
+    found = first_failure(said)
+    if found is not None and found[2]:
+        rank, host, code, _what = found
+        reason = f"rank {rank} ({host}) exited with exit code {code} (reported by srun; Slurm stopped the others)"
+        tail = (outcome.rank_output.get(rank) or (host, []))[1]
+        return reason, [(f"rank {rank} on {host}: failed, exit code {code}", list(tail)[-10:])]
+    if ABORTED in said or CANCELLED.search(said):
+        reason = f"the Slurm job step was cancelled from outside (scancel, or a node lost): srun {srun.describe()}"
+        return reason, [(f"srun on {srun.host}: {srun.state}, {srun.describe()}", list(srun.tail)[-10:])]
+    if found is not None:
+        rank, host, _code, what = found
+        reason = f"rank {rank} ({host}): {what} (reported by srun, {srun.describe()})"
+        tail = (outcome.rank_output.get(rank) or (host, []))[1]
+        return reason, [(f"rank {rank} on {host}: {what}", list(tail)[-10:])]
+    return reason, [(f"srun on {srun.host}: {srun.state}, {srun.describe()}", list(srun.tail)[-10:])]
+
+
+def exit_code(job: dict[str, Any], outcome: Any) -> int | None:
+    """The exit code of the rank to blame, when srun named one."""
+    failed = outcome.failed
+    if not failed:
+        return None
+    found = first_failure("\n".join(failed[0].tail))
+    return found[2] if found and found[2] else None
+
+
+def log_path(log_dir: Path) -> Path:
+    return log_dir / "srun.log"
