@@ -130,6 +130,9 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument("--submit-host", metavar="HOST",
                         help="--scheduler slurm: the host srun runs on (default: rank 0's host)")  # fmt: skip
     launch.add_argument("--partition", help="--scheduler slurm: the Slurm partition (default: Slurm's default)")
+    launch.add_argument("--batch", action="store_true",
+                        help="--scheduler slurm: submit with sbatch and return once Slurm has queued the job (its "
+                        "output goes to a file on rank 0's host, named here)")  # fmt: skip
     launch.add_argument("--cwd", help="the ranks' working directory (absolute, on every host)")
     launch.add_argument("--no-stdin", action="store_true", help="give the ranks no stdin (/dev/null)")
     launch.add_argument("-q", "--quiet", action="store_true", help="show only the summary (the logs keep everything)")
@@ -292,6 +295,9 @@ def launch(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     slurm = getattr(args, "scheduler", "meshkit") == "slurm"
+    if args.batch and not slurm:
+        print("meshkit launch: --batch submits to Slurm: give --scheduler slurm too", file=sys.stderr)
+        return 2
     if slurm and args.runtime not in launch_slurm.RUNTIMES:
         print(f"meshkit launch: --scheduler slurm runs {' and '.join(launch_slurm.RUNTIMES)} jobs so far, not "
               f"{args.runtime}; launch it without --scheduler (meshkit's own launcher)", file=sys.stderr)  # fmt: skip
@@ -341,6 +347,7 @@ def launch(args: argparse.Namespace) -> int:
                     secret_values=values,
                     host_timeout=args.host_timeout,
                     partition=args.partition,
+                    batch=args.batch,
                 )
             ]
         else:
@@ -366,6 +373,22 @@ def launch(args: argparse.Namespace) -> int:
         terminal.close()  # what the terminal has not taken yet (this may wait for a paused pager)
     for line in result.table():
         print(f"  {line}", file=sys.stderr)
+    if slurm and args.batch and result.ok:
+        said = "\n".join(result.ranks[0].tail) if result.ranks else ""
+        number = launch_slurm.batch_job_id(said)
+        if number is None:
+            print(f"meshkit launch: sbatch exited 0 but printed no job id: {said!r}", file=sys.stderr)
+            return 1
+        rank0 = min(job["ranks"], key=lambda r: r["rank"])["host"]
+        output = launch_slurm.batch_output(job).replace("%j", number)
+        print(
+            f"meshkit launch: submitted Slurm batch job {number} ({launch_slurm.job_name(job)}): {job['world_size']} "
+            f"ranks in ring order; their output (labelled by rank) goes to {rank0}:{output}. "
+            f"squeue -j {number} shows it, scancel {number} stops it",
+            file=sys.stderr,
+        )
+        print(number)
+        return 0
     why = launch_slurm.explain if slurm else explain
     reason, failures = why(job, result) if not result.ok else (result.reason, [])
     for heading, tail in failures[:1] if not result.reason.startswith("interrupted") else []:

@@ -113,6 +113,52 @@ def srun_argv(job: dict[str, Any], *, partition: str | None = None, srun: str = 
     return [*argv, "--", "/bin/sh", "-c", wrap(job), "meshkit-rank", *first["argv"]]
 
 
+def batch_output(job: dict[str, Any]) -> str:
+    """Where a batch job's output goes, on its batch host (rank 0's host): srun's labelled lines of
+    every rank. %j is Slurm's job id."""
+    return f"/tmp/{job_name(job)}-%j.out"
+
+
+def sbatch_argv(job: dict[str, Any], *, partition: str | None = None, sbatch: str = "sbatch") -> list[str]:
+    """sbatch of a script that runs the same srun inside the allocation. The allocation is asked in
+    ring order (SLURM_HOSTFILE in sbatch's environment); the script writes the ring again on the
+    batch host for its srun, which needs the file there."""
+    hosts = [r["host"] for r in sorted(job["ranks"], key=lambda r: r["rank"])]
+    script = "; ".join(
+        [
+            'SLURM_HOSTFILE="$(mktemp)"',
+            "export SLURM_HOSTFILE",
+            f"printf '%s\\n' {' '.join(shlex.quote(h) for h in hosts)} > \"$SLURM_HOSTFILE\"",
+            f"{shlex.join(srun_argv(job))}",
+            "status=$?",
+            'rm -f "$SLURM_HOSTFILE"',
+            'exit "$status"',
+        ]
+    )
+    argv = [
+        sbatch,
+        "--parsable",
+        "--job-name", job_name(job),
+        "--nodes", str(len(dict.fromkeys(hosts))),
+        "--ntasks", str(job["world_size"]),
+        "--distribution=arbitrary",
+        "--export=ALL",
+        "--output", batch_output(job),
+    ]  # fmt: skip
+    if partition:
+        argv += ["--partition", partition]
+    return [*argv, "--wrap", script]
+
+
+def batch_job_id(text: str) -> str | None:
+    """The job id ``sbatch --parsable`` printed ("12" or "12;cluster")."""
+    for line in text.splitlines():
+        m = re.match(r"^\s*(\d+)(?:;\S+)?\s*$", line)
+        if m:
+            return m.group(1)
+    return None
+
+
 def host_job(
     job: dict[str, Any],
     connections: Mapping[str, dict[str, Any]],
@@ -122,8 +168,10 @@ def host_job(
     secret_values: Mapping[str, str],
     host_timeout: float | None = None,
     partition: str | None = None,
+    batch: bool = False,
 ) -> HostJob:
-    """The job's one process, srun, run by an agent on ``submit_host`` (as rank -1, "srun")."""
+    """The job's one process, srun (or with ``batch`` sbatch, which returns once Slurm queued the
+    job), run by an agent on ``submit_host`` (as rank -1)."""
     if job["runtime"] not in RUNTIMES:
         raise SlurmError(
             f"--scheduler slurm runs {' and '.join(RUNTIMES)} jobs so far, not {job['runtime']}; "
@@ -144,7 +192,15 @@ def host_job(
         submit_host,
         agent_argv(conn, conn.get("python") or "python3"),
         job["job_dir"],
-        [{"rank": -1, "argv": srun_argv(job, partition=partition), "env": env, "cwd": None, "driver": "srun"}],
+        [
+            {
+                "rank": -1,
+                "argv": sbatch_argv(job, partition=partition) if batch else srun_argv(job, partition=partition),
+                "env": env,
+                "cwd": None,
+                "driver": "sbatch" if batch else "srun",
+            }
+        ],
         {HOSTFILE_NAME: slurm_hostfile(job)},
     )
 
@@ -170,7 +226,8 @@ class Lines(launcher.Lines):
         return [(None, rank.host, line)]
 
     def __call__(self, rank: Any, line: str) -> list[str]:
-        return [f"[srun] {text}" if r is None else f"[{r}|{host}] {text}" for r, host, text in self.split(rank, line)]
+        shown = self.split(rank, line)
+        return [f"[{rank.driver}] {text}" if r is None else f"[{r}|{host}] {text}" for r, host, text in shown]
 
 
 def first_failure(text: str) -> tuple[int, str, int | None, str] | None:

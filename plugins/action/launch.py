@@ -18,6 +18,7 @@ from ansible.plugins.loader import connection_loader
 from ansible.utils.display import Display
 
 try:  # the controller package (pip install meshkit); the collection's hosts never need it
+    from meshkit import launch_slurm
     from meshkit.launch_connection import (
         DEFAULT_HOST_TIMEOUT,
         ConnectionError_,
@@ -182,9 +183,25 @@ class ActionModule(ActionBase):
             else:
                 display.display(text)
 
+        slurm = (args.get("scheduler") or "meshkit") == "slurm"
         try:
-            hosts = hosts_for(job, connections, values, log_dir, host_timeout)
-        except MpiError as exc:
+            if slurm:
+                submit = args.get("submit_host") or min(job["ranks"], key=lambda r: r["rank"])["host"]
+                hosts = [
+                    launch_slurm.host_job(
+                        job,
+                        connections,
+                        submit_host=submit,
+                        state_dir=job["job_dir"].rsplit("/jobs/", 1)[0],
+                        secret_values=values,
+                        host_timeout=host_timeout,
+                        partition=args.get("partition"),
+                        batch=bool(args.get("batch")),
+                    )
+                ]
+            else:
+                hosts = hosts_for(job, connections, values, log_dir, host_timeout)
+        except (MpiError, launch_slurm.SlurmError) as exc:
             result["failed"] = True
             result["changed"] = False
             result["msg"] = f"{exc}; no rank of job {job['job_id']} was started"
@@ -197,7 +214,7 @@ class ActionModule(ActionBase):
             timeout=float(args.get("timeout") or job.get("timeout") or 0) or None,
             grace=float(args.get("grace") if args.get("grace") is not None else job.get("grace", 3.0)),
             host_timeout=host_timeout,
-            lines=Lines(job),
+            lines=launch_slurm.Lines(job) if slurm else Lines(job),
             terminal=terminal,
         )
         try:
@@ -206,13 +223,28 @@ class ActionModule(ActionBase):
             terminal.close()
         result["table"] = outcome.table()
         result["log_dir"] = str(log_dir)
+        if outcome.ok and slurm and args.get("batch"):
+            number = launch_slurm.batch_job_id("\n".join(outcome.ranks[0].tail) if outcome.ranks else "")
+            result["summary"] = outcome.summary()
+            if number is None:
+                result["failed"] = True
+                result["msg"] = f"job {job['job_id']}: sbatch exited 0 but printed no Slurm job id"
+                return result
+            result["slurm_job_id"] = number
+            output = launch_slurm.batch_output(job).replace("%j", number)
+            rank0 = min(job["ranks"], key=lambda r: r["rank"])["host"]
+            result["msg"] = (
+                f"job {job['job_id']}: submitted as Slurm batch job {number}; output on {rank0}:{output}; "
+                f"squeue -j {number} shows it, scancel {number} stops it"
+            )
+            return result
         if outcome.ok:
             result["summary"] = outcome.summary()
             result["msg"] = f"job {job['job_id']}: {outcome.reason} in {outcome.wall:.1f} s; logs in {log_dir}"
             return result
         # Failed: the message says it all (the whole summary is in summary.json beside the logs).
         result["failed"] = True
-        reason, failures = explain(job, outcome)
+        reason, failures = (launch_slurm.explain if slurm else explain)(job, outcome)
         lines = [f"job {job['job_id']} failed: {reason}"]
         for heading, tail in failures:
             lines.append(f"{heading}; last lines:")

@@ -5,7 +5,7 @@
 - :func:`parse_slurmd_c` reads ``slurmd -C`` (slurmd's own hardware detection, what slurmd will
   register with: a node configured with more than it finds is drained as "invalid").
 - :func:`topology_tree` turns the cabling into Slurm's ``topology/tree`` (what Debian 12's Slurm
-  22.05 has; ``topology/block`` came in 23.02 and needs a newer Slurm).
+  22.05 has; ``topology/block`` is in newer Slurm releases only).
 - :func:`slurm_conf` and :func:`topology_conf` write the two files every host gets.
 
 What topology/tree can say about cables: Slurm places a job under the lowest switch that holds
@@ -43,6 +43,8 @@ def parse_slurmd_c(text: str, host: str) -> dict[str, Any]:
         if not line.startswith("NodeName="):
             continue
         fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if not fields["NodeName"]:
+            raise SlurmConfigError(f"{host}: 'slurmd -C' printed an empty NodeName (the host has no host name?)")
         out: dict[str, Any] = {"NodeName": fields["NodeName"]}
         for key in HARDWARE_KEYS:
             if key not in fields:
@@ -64,7 +66,9 @@ def slurm_name(text: str) -> str:
 
 
 def _check_names(hosts: list[str]) -> None:
-    bad = [h for h in hosts if not _NAME_RE.match(h) or "," in h]
+    if not hosts:
+        raise SlurmConfigError("no compute nodes: the slurm role needs at least one host")
+    bad = [h for h in hosts if not _NAME_RE.fullmatch(h) or "," in h]
     if bad:
         raise SlurmConfigError(
             f"{', '.join(bad)}: not usable as a Slurm node name (letters, digits, '.', '_', '-'); "
@@ -82,11 +86,12 @@ def topology_tree(plan: dict[str, Any], hosts: list[str]) -> tuple[list[tuple[st
     _check_names(hosts)
     wanted = set(hosts)
     ring = [h for h in plan.get("ring") or [] if h in wanted]
-    mesh = bool(plan.get("mesh")) and set(plan.get("hosts") or []) >= wanted
-    uncabled = [h for h in hosts if h not in ring]
+    in_plan = [h for h in plan.get("hosts") or [] if h in wanted]
+    mesh = bool(plan.get("mesh")) and bool(in_plan)
+    uncabled = [h for h in hosts if h not in (in_plan if mesh else ring)]
     switches: list[tuple[str, list[str], list[str]]] = []
     if mesh:
-        switches.append(("mesh", [h for h in plan.get("hosts") or [] if h in wanted], []))
+        switches.append(("mesh", in_plan, []))
         how = f"full mesh of {len(switches[0][1])} hosts: one switch (any subset of hosts is fully cabled)"
         if uncabled:
             switches.append(("uncabled", uncabled, []))
@@ -158,6 +163,16 @@ def slurm_conf(
     missing = [h for h in order if h not in nodes]
     if missing:
         raise SlurmConfigError(f"{', '.join(missing)}: no hardware facts (slurmd -C) for this host")
+    # slurmd finds its node by its short host name: two nodes of one name could not tell which they are.
+    named: dict[str, list[str]] = {}
+    for name in order:
+        named.setdefault(nodes[name]["hostname"], []).append(name)
+    shared = {short: names for short, names in named.items() if len(names) > 1}
+    if shared:
+        raise SlurmConfigError(
+            "; ".join(f"{', '.join(names)}: all have the short host name {short!r}" for short, names in shared.items())
+            + ": slurmd finds its node by that name; give each host its own (hostnamectl set-hostname)"
+        )
     lines = [
         f"# Slurm configuration of meshkit cluster {cluster}: written by the meshkit.cluster.slurm role.",
         "# Every host has the same file; a change here is made in the inventory and setup.yml runs again.",

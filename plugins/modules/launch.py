@@ -85,6 +85,24 @@ options:
     description: Do not show the ranks' output while they run (it is still logged).
     type: bool
     default: false
+  scheduler:
+    description: Who starts the ranks - C(meshkit) (an agent on every host) or C(slurm) (one C(srun) on
+      O(submit_host), ranks in ring order through C(SLURM_HOSTFILE); the cluster set up with C(meshkit_slurm));
+      C(slurm) runs meshccl and plain jobs.
+    type: str
+    choices: [meshkit, slurm]
+    default: meshkit
+  submit_host:
+    description: With O(scheduler=slurm), the host C(srun) runs on (default - rank 0's host).
+    type: str
+  partition:
+    description: With O(scheduler=slurm), the Slurm partition (default - Slurm's default partition).
+    type: str
+  batch:
+    description: With O(scheduler=slurm), submit with C(sbatch) and end once Slurm has queued the job; its output
+      (every rank's lines, labelled) goes to C(/tmp/meshkit-<job id>-<Slurm job id>.out) on rank 0's host.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""

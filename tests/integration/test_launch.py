@@ -53,6 +53,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, P
         inventory = yaml.safe_load(handle.inventory.read_text())
         for node in HOST_BUILT:
             inventory["all"]["children"]["cluster"]["hosts"][node]["meshkit_meshccl_build_on"] = "group"
+        # Slurm too (the slurm role): its tests are at the end of this file.
+        inventory["all"]["vars"]["meshkit_slurm"] = True
         handle.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
         drop_host_built_wheelhouses()
         run = run_playbook("setup.yml", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory))
@@ -179,6 +181,7 @@ def test_setup_by_name_as_a_sudo_user_converged_is_idempotent_and_check_changes_
     again = run_playbook("setup.yml", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory))
     assert again.rc == 0, again.output
     assert set(again.recap) == set(hosts) and again.changed == 0, again.output
+    assert "TASK [meshkit.cluster.slurm : Run slurmd (restarted where" in again.output, again.output
     assert re.search(r"node1: management mgmt0 \(never touched\)", again.output), again.output
     check = run_playbook(
         "setup.yml", "--check", "--diff", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory)
@@ -1680,3 +1683,164 @@ def test_check_playbook_reports_as_meshkit_check_does(checked):
     report = json.loads((checked["artifacts"] / "check" / "check.json").read_text())
     assert report["quick"] and len(report["cables"]) == 6 and report["flagged"] == [mismatched], report
     assert all(c["rtt_us"] > 0 and c["loss"]["ab"] == 0 for c in report["cables"]), report
+
+
+# --- Slurm (meshkit_slurm: true in the lab's inventory; the slurm role ran in the fixture's setup.yml) ----------
+
+# A rank of the Slurm tests: says who it is to Slurm and to meshkit, then fails (FAIL_RANK) or waits.
+SLURM_RANK = (
+    "import os, socket, sys, time\n"
+    "r = int(os.environ['MESHKIT_RANK'])\n"
+    "print(f\"up rank={r} procid={os.environ['SLURM_PROCID']} host={socket.gethostname()} "
+    "user={os.environ.get('USER', '?')}\", flush=True)\n"
+    "fail = int(os.environ.get('FAIL_RANK', '-1'))\n"
+    "time.sleep(1)\n"
+    "sys.exit(int(os.environ['FAIL_CODE'])) if r == fail else time.sleep(float(os.environ.get('HOLD', '0')))\n"
+)
+
+
+def slurm_launch_argv(lab: tuple[LabHandle, Path], *args: str) -> list[str]:
+    handle, artifacts = lab
+    return [PYTHON, MESHKIT, "launch", "-i", str(handle.inventory), "--scheduler", "slurm", "-n", "2", "-t", "240",
+            "--no-stdin", "-e", f"meshkit_artifacts_dir={artifacts}", *args]  # fmt: skip
+
+
+def on_node(handle: LabHandle, host: str, command: str, become: bool = False) -> str:
+    """A shell command on a lab host as the login user (meshadmin), or root with become; its output."""
+    args = ["-m", "ansible.builtin.shell", "-a", command] + (["-b"] if become else [])
+    proc = handle.ansible(*args, pattern=host)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split("\n", 1)[1] if "\n" in proc.stdout else ""
+
+
+def ring_order(artifacts: Path) -> list[str]:
+    return json.loads((artifacts / "plan.json").read_text())["ring"]
+
+
+def nothing_left(handle: LabHandle, marker: str) -> None:
+    """No process of the job on any host, and no job in Slurm's queue."""
+    wait_for(f"every process of job {marker} gone", lambda: not job_processes(marker), within=30)
+    queue = on_node(handle, "node1", "squeue --noheader --format='%i %j %T'")
+    assert queue.strip() == "", queue
+
+
+def test_slurm_has_four_idle_nodes_one_munge_key_and_a_topology_from_the_cabling(lab):
+    """setup.yml with meshkit_slurm: true (the fixture's; test_setup_by_name_... shows a second run
+    changes nothing, the role included): every node idle, one munge key everywhere, slurm.conf from
+    each host's own slurmd -C, topology.conf from the cabling (a full mesh: one switch)."""
+    handle, artifacts = lab
+    sinfo = on_node(handle, "node2", "sinfo --noheader --Node --format='%N %T %c %P'")
+    assert sorted(sinfo.split("\n")[:4]) == [f"node{i} idle 2 meshkit*" for i in range(1, 5)], sinfo
+    keys = {h: on_node(handle, h, "sha256sum /etc/munge/munge.key; stat -c '%U %a' /etc/munge/munge.key", True)
+            for h in handle.hosts()}  # fmt: skip
+    assert len({k.split()[0] for k in keys.values()}) == 1, keys
+    assert all(k.split("\n")[1] == "munge 400" for k in keys.values()), keys
+    kept = artifacts / "secrets" / "munge.key"
+    assert oct(kept.stat().st_mode & 0o777) == "0o600" and oct(kept.parent.stat().st_mode & 0o777) == "0o700"
+    assert hashlib.sha256(kept.read_bytes()).hexdigest() == next(iter(keys.values())).split()[0]
+    conf = on_node(handle, "node3", "cat /etc/slurm/slurm.conf")
+    hardware = on_node(handle, "node3", "slurmd -C | head -1", True).split(maxsplit=1)[1].strip()
+    assert f"NodeName=node3 NodeAddr={handle.hosts()['node3']['ansible_host']} {hardware} State=UNKNOWN" in conf, (
+        conf,
+        hardware,
+    )
+    assert f"PartitionName=meshkit Nodes={','.join(ring_order(artifacts))} Default=YES" in conf, conf
+    topology = on_node(handle, "node4", "cat /etc/slurm/topology.conf")
+    assert re.search(r"^SwitchName=mesh Nodes=node[1-4](,node[1-4]){3}$", topology, re.M), topology
+    assert "full mesh of 4 hosts" in topology, topology
+
+
+def test_meshccl_all_reduce_through_slurm_in_ring_order(lab):
+    """meshkit launch --scheduler slurm: one srun on node1 (rank 0's host), Slurm's task r is
+    meshkit's rank r on the ring's host, meshccl's rank is the same, all_reduce exact."""
+    _handle, artifacts = lab
+    before = set((artifacts / "launch").iterdir()) if (artifacts / "launch").exists() else set()
+    proc = subprocess.run(
+        slurm_launch_argv(lab, "--", "python3", str(PROGRAMS / "meshccl_allreduce.py")),
+        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=600, check=False,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "8 ranks of meshccl on 4 hosts through Slurm (srun on node1)" in output, output
+    ring = ring_order(artifacts)
+    for r in range(8):
+        host = ring[r // 2]
+        assert re.search(rf"^\[{r}\|{host}\] meshccl rank {r}/8 on {host}: all_reduce exact$", output, re.M), output
+    [log_dir] = set((artifacts / "launch").iterdir()) - before
+    assert "srun exited 0" in output and (log_dir / "srun.log").exists(), output
+    assert all(f"meshccl rank {r}/8" in (log_dir / f"rank-{r}.log").read_text() for r in range(8))
+    assert "MESHCCL_TOKEN" not in output, output
+
+
+def test_a_failing_rank_fails_the_slurm_job_naming_it_and_nothing_is_left(lab):
+    handle, _ = lab
+    marker = f"MKMARK={uuid.uuid4().hex}"
+    proc = subprocess.run(
+        slurm_launch_argv(lab, "-r", "plain", "-x", marker, "-x", "FAIL_RANK=5", "-x", "FAIL_CODE=3", "-x", "HOLD=300",
+                          "--", "python3", "-c", SLURM_RANK),
+        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=600, check=False,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 3, output
+    ring = ring_order(lab[1])
+    assert f"rank 5 ({ring[2]}) exited with exit code 3 (reported by srun; Slurm stopped the others)" in output, output
+    # Every rank had started (Slurm's task r = meshkit's rank r) before the failure stopped the others.
+    for r in range(8):
+        assert re.search(rf"^\[{r}\|{ring[r // 2]}\] up rank={r} procid={r} host={ring[r // 2]} user=meshadmin$",
+                         output, re.M), output  # fmt: skip
+    nothing_left(handle, marker)
+
+
+def test_scancel_and_ctrl_c_stop_every_rank_of_a_slurm_job(lab):
+    """scancel of the running job (by its name, as its user, from another host), then Ctrl-C on
+    meshkit launch: each time every rank on every host stops and nothing is left in Slurm's queue."""
+    handle, _ = lab
+    for how in ("scancel", "ctrl-c"):
+        marker = f"MKMARK={uuid.uuid4().hex}"
+        proc = subprocess.Popen(
+            slurm_launch_argv(lab, "-r", "plain", "-x", marker, "-x", "HOLD=300", "--", "python3", "-c", SLURM_RANK),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, env=ENV, cwd=REPO,
+        )  # fmt: skip
+
+        def ranks_running(proc: subprocess.Popen[str] = proc, marker: str = marker) -> bool:
+            # One process per rank with its MESHKIT_HOST (the wrapper execs the program); srun has none.
+            found = job_processes(marker)
+            return still(proc) and sum(len(pids) for host, pids in found.items() if host != "?") >= 8
+
+        try:
+            wait_for("8 ranks running", ranks_running, within=120)
+        except BaseException:
+            kill_if_running(proc)
+            raise
+        if how == "scancel":
+            name = on_node(handle, "node3", "squeue --noheader --format=%j").strip()
+            assert name.startswith("meshkit-"), name
+            on_node(handle, "node3", f"scancel --name={name}")
+        else:
+            proc.send_signal(signal.SIGINT)
+        out = finished(proc, within=60)
+        assert proc.returncode != 0, out
+        if how == "scancel":
+            assert "the Slurm job step was cancelled from outside" in out, out
+        else:
+            assert proc.returncode == 130 and "interrupted (Ctrl-C)" in out, out
+        nothing_left(handle, marker)
+
+
+def test_a_users_own_srun_forms_the_meshccl_job_from_slurms_environment(lab):
+    """No meshkit launch: the login user's own srun (block distribution, 2 tasks per node) of a
+    meshccl program with a token; meshccl takes the layout from Slurm's environment and the hostfile
+    setup.yml wrote (/var/lib/meshkit/hostfiles/meshccl.json): all_reduce exact, ranks in ring order."""
+    handle, artifacts = lab
+    out = on_node(
+        handle,
+        "node2",
+        "export MESHCCL_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n') MESHKIT_WORLD_SIZE=8; "
+        f"srun --nodes=4 --ntasks-per-node=2 --label {VENV}/bin/python3 {PROGRAMS / 'meshccl_allreduce.py'}",
+    )
+    ring = ring_order(artifacts)
+    found = re.findall(r"^\s*(\d+): meshccl rank (\d+)/8 on (\S+): all_reduce exact$", out, re.M)
+    assert len(found) == 8, out
+    # Slurm numbers tasks by its node order; meshccl's rank follows the ring: host ring[k] holds ranks 2k, 2k+1.
+    assert sorted(int(m) for _t, m, _h in found) == list(range(8)), found
+    assert all(ring[int(m) // 2] == h for _t, m, h in found), (found, ring)

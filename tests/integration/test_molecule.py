@@ -16,3 +16,6 @@ def test_molecule_default_scenario():
     # verify really ran its checks on every lab host
     for host in ("node1", "node2", "node3"):
         assert re.search(rf"ok: \[{host}\] => \(item=tb0 ", out), host
+    # the slurm role (lab_slurm: true in create.yml) ran in converge and idempotence; verify saw every node idle
+    assert "TASK [Check every host is an idle Slurm node]" in out, out[-4000:]
+    assert re.search(r"TASK \[meshkit\.cluster\.slurm : Run slurmd", out), out[-4000:]

@@ -281,10 +281,6 @@ def test_hosts_not_in_the_plan_meet_the_cabled_ones_only_at_the_root(plan: dict[
     assert sorted(held[root]) == sorted(hosts)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="slurm.py topology_tree: with mesh true, hosts outside plan['ring'] go to 'uncabled' as well as 'mesh'",
-)
 def test_a_mesh_whose_ring_leaves_out_a_host_still_has_each_node_in_one_leaf() -> None:
     """plan.json's keys taken at their word: every host cabled to every other (mesh), a ring
     through three of them. build_plan always rings a whole mesh, the contract does not say so."""
@@ -293,14 +289,9 @@ def test_a_mesh_whose_ring_leaves_out_a_host_still_has_each_node_in_one_leaf() -
     check_tree(switches, NODES4, plan)
 
 
-NAME_NEWLINE_BUG = pytest.mark.xfail(
-    strict=True, reason="slurm.py _NAME_RE ends in $, which also matches before a trailing newline (fix: fullmatch)"
-)
-
-
 @pytest.mark.parametrize(
     "bad",
-    ["node 1", "node[1-2]", "node1,node2", "-node1", "", "nöde1", pytest.param("node1\n", marks=NAME_NEWLINE_BUG)],
+    ["node 1", "node[1-2]", "node1,node2", "-node1", "", "nöde1", "node1\n"],
 )
 def test_names_slurm_cannot_carry_are_refused_by_name(bad: str) -> None:
     with pytest.raises(SlurmConfigError, match=r"not usable as a Slurm node name.*rename the host in the inventory"):
@@ -498,3 +489,24 @@ def test_module_fails_naming_the_node_whose_slurmd_c_is_unusable(module) -> None
     assert not ok and out["msg"].startswith("Slurm's configuration: node2: 'slurmd -C' printed no RealMemory")
     ok, out = module(**module_args(nodes=nodes | {"node4": {"slurmd_c": SLURMD_C["node4"]}}))
     assert not ok and out["msg"] == "Slurm's configuration: node4: no addr given for this node"
+
+
+def test_nodes_sharing_a_short_host_name_are_refused_naming_them() -> None:
+    """slurmd finds its node by its short host name: two nodes named alike could not tell which is theirs."""
+    line = recorded("lab_node2")
+    nodes = {n: {"hostname": "node2", "addr": f"10.0.0.{i}", "hardware": parse_slurmd_c(line, n)}
+             for i, n in enumerate(["node1", "node2"])}  # fmt: skip
+    with pytest.raises(SlurmConfigError, match=r"node1, node2: all have the short host name 'node2'"):
+        slurm_conf(
+            cluster="c", controller="node1", controller_hostname="node2", controller_addr="10.0.0.0",
+            nodes=nodes, order=["node1", "node2"], partition="p", options=OPTIONS,
+        )  # fmt: skip
+
+
+def test_no_nodes_and_an_empty_node_name_are_refused() -> None:
+    with pytest.raises(SlurmConfigError, match="no compute nodes"):
+        topology_tree({"hosts": [], "ring": [], "mesh": True}, [])
+    with pytest.raises(SlurmConfigError, match="node9: 'slurmd -C' printed an empty NodeName"):
+        parse_slurmd_c(
+            "NodeName= CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=9", "node9"
+        )
