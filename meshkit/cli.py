@@ -299,7 +299,7 @@ def launch(args: argparse.Namespace) -> int:
         print("meshkit launch: --batch submits to Slurm: give --scheduler slurm too", file=sys.stderr)
         return 2
     if slurm and args.runtime not in launch_slurm.RUNTIMES:
-        print(f"meshkit launch: --scheduler slurm runs {' and '.join(launch_slurm.RUNTIMES)} jobs so far, not "
+        print(f"meshkit launch: --scheduler slurm runs {', '.join(launch_slurm.RUNTIMES)} jobs so far, not "
               f"{args.runtime}; launch it without --scheduler (meshkit's own launcher)", file=sys.stderr)  # fmt: skip
         return 2
     prepared = quick(args, program)
@@ -328,7 +328,7 @@ def launch(args: argparse.Namespace) -> int:
     via = ""
     if slurm:
         submit = args.submit_host or min(job["ranks"], key=lambda r: r["rank"])["host"]
-        via = f" through Slurm (srun on {submit})"
+        via = f" through Slurm ({'sbatch' if args.batch else 'srun'} on {submit})"
     print(
         f"meshkit launch: job {job['job_id']}: {job['world_size']} ranks of {job['runtime']} on "
         f"{len(connections)} hosts{via}{'; stdin goes to every rank' if broadcast else ''}",

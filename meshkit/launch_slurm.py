@@ -34,8 +34,10 @@ from meshkit import launcher
 from meshkit.launch_plan import JOB_ID_ENV
 from meshkit.launcher import HostJob, agent_argv, with_secrets
 
-# The runtimes a Slurm job can run so far: their ranks need nothing per job on the hosts.
-RUNTIMES = ("meshccl", "plain")
+# The runtimes a Slurm job can run so far: their ranks need nothing per job on the hosts. MPI ranks
+# are started by srun itself and find each other through Slurm's PMIx plugin (srun --mpi=pmix; Open
+# MPI 4.1 as Debian 12 packages it), no mpirun.
+RUNTIMES = ("meshccl", "plain", "mpi")
 # Set per rank by the plan; under srun every task has the same environment and WRAP sets these.
 PER_RANK = ("MESHKIT_RANK", "MESHKIT_LOCAL_RANK", "MESHKIT_HOST", "MESHCCL_RANK")
 WRAP = (
@@ -106,6 +108,8 @@ def srun_argv(job: dict[str, Any], *, partition: str | None = None, srun: str = 
         "--label",
         "--export=ALL",
     ]  # fmt: skip
+    if job["runtime"] == "mpi":
+        argv.append("--mpi=pmix")
     if partition:
         argv += ["--partition", partition]
     if first.get("cwd"):
@@ -174,7 +178,7 @@ def host_job(
     job), run by an agent on ``submit_host`` (as rank -1)."""
     if job["runtime"] not in RUNTIMES:
         raise SlurmError(
-            f"--scheduler slurm runs {' and '.join(RUNTIMES)} jobs so far, not {job['runtime']}; "
+            f"--scheduler slurm runs {', '.join(RUNTIMES)} jobs so far, not {job['runtime']}; "
             "launch it without --scheduler (meshkit's own launcher)"
         )
     if submit_host not in connections:

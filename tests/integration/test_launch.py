@@ -1844,3 +1844,41 @@ def test_a_users_own_srun_forms_the_meshccl_job_from_slurms_environment(lab):
     # Slurm numbers tasks by its node order; meshccl's rank follows the ring: host ring[k] holds ranks 2k, 2k+1.
     assert sorted(int(m) for _t, m, _h in found) == list(range(8)), found
     assert all(ring[int(m) // 2] == h for _t, m, h in found), (found, ring)
+
+
+def test_an_mpi_job_through_srun_with_pmix_and_a_batch_job_through_sbatch(lab):
+    """-r mpi --scheduler slurm: srun --mpi=pmix starts every MPI rank itself (no mpirun), in ring
+    order; --batch: sbatch returns once the job is queued, and the job's labelled output lands in
+    the file it names on rank 0's host, every rank's all_reduce exact."""
+    handle, artifacts = lab
+    ring = ring_order(artifacts)
+    proc = subprocess.run(
+        slurm_launch_argv(lab, "-r", "mpi", "-x", "GREETING=hi", "--", PYTHON, str(PROGRAMS / "mpi_allreduce.py")),
+        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=600, check=False,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    for r in range(8):
+        assert re.search(rf"^\[{r}\|{ring[r // 2]}\] mpi rank {r}/8 on {ring[r // 2]} sum=36 .*greeting=hi$", output,
+                         re.M), output  # fmt: skip
+
+    proc = subprocess.run(
+        slurm_launch_argv(lab, "--batch", "--", "python3", str(PROGRAMS / "meshccl_allreduce.py")),
+        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=600, check=False,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    number = proc.stdout.strip()
+    assert number.isdigit(), output
+    said = rf"submitted Slurm batch job {number} \(meshkit-\S+\): 8 ranks in ring order; their output "
+    found = re.search(said + rf"\(labelled by rank\) goes to {ring[0]}:(/tmp/meshkit-\S+-{number}\.out)\.", output)
+    assert found, output
+    wait_for(
+        f"batch job {number} to leave the queue",
+        lambda: on_node(handle, "node2", f"squeue --noheader --jobs={number} 2>/dev/null || true").strip() == "",
+        within=120,
+        every=1,
+    )
+    written = on_node(handle, ring[0], f"cat {found.group(1)}")
+    for r in range(8):
+        assert re.search(rf"^\s*{r}: meshccl rank {r}/8 on {ring[r // 2]}: all_reduce exact$", written, re.M), written

@@ -94,7 +94,7 @@ def test_the_wrapper_sets_the_rank_from_slurm_and_the_hosts_path(tmp_path, proci
 
 def test_only_meshccl_and_plain_jobs_run_through_slurm():
     conn = {"node1": {"kind": "local"}}
-    with pytest.raises(launch_slurm.SlurmError, match="runs meshccl and plain jobs so far, not torch"):
+    with pytest.raises(launch_slurm.SlurmError, match="runs meshccl, plain, mpi jobs so far, not torch"):
         launch_slurm.host_job(
             job(runtime="torch"), conn, submit_host="node1", state_dir="/var/lib/meshkit", secret_values={}
         )
