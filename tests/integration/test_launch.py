@@ -1720,8 +1720,13 @@ def ring_order(artifacts: Path) -> list[str]:
 def nothing_left(handle: LabHandle, marker: str) -> None:
     """No process of the job on any host, and no job in Slurm's queue."""
     wait_for(f"every process of job {marker} gone", lambda: not job_processes(marker), within=30)
-    queue = on_node(handle, "node1", "squeue --noheader --format='%i %j %T'")
-    assert queue.strip() == "", queue
+    # The job leaves Slurm's queue once slurmctld has heard from every node (COMPLETING until then).
+    wait_for(
+        "Slurm's queue empty",
+        lambda: on_node(handle, "node1", "squeue --noheader --format='%i %j %T'").strip() == "",
+        within=60,
+        every=0.5,
+    )
 
 
 def test_slurm_has_four_idle_nodes_one_munge_key_and_a_topology_from_the_cabling(lab):
@@ -1846,7 +1851,7 @@ def test_a_users_own_srun_forms_the_meshccl_job_from_slurms_environment(lab):
     assert all(ring[int(m) // 2] == h for _t, m, h in found), (found, ring)
 
 
-def test_an_mpi_job_through_srun_with_pmix_and_a_batch_job_through_sbatch(lab):
+def test_slurm_runs_an_mpi_job_through_srun_pmix_and_a_batch_job_through_sbatch(lab):
     """-r mpi --scheduler slurm: srun --mpi=pmix starts every MPI rank itself (no mpirun), in ring
     order; --batch: sbatch returns once the job is queued, and the job's labelled output lands in
     the file it names on rank 0's host, every rank's all_reduce exact."""
