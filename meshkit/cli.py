@@ -327,7 +327,7 @@ def launch(args: argparse.Namespace) -> int:
 
     via = ""
     if slurm:
-        submit = args.submit_host or min(job["ranks"], key=lambda r: r["rank"])["host"]
+        submit = launch_slurm.submit_host_of(job, args.submit_host)
         via = f" through Slurm ({'sbatch' if args.batch else 'srun'} on {submit})"
     print(
         f"meshkit launch: job {job['job_id']}: {job['world_size']} ranks of {job['runtime']} on "
@@ -338,18 +338,15 @@ def launch(args: argparse.Namespace) -> int:
     log_dir = Path(job.get("log_dir") or Path(tempfile.gettempdir()) / "meshkit-launch" / job["job_id"])
     try:
         if slurm:
-            hosts = [
-                launch_slurm.host_job(
-                    job,
-                    connections,
-                    submit_host=submit,
-                    state_dir=job["job_dir"].rsplit("/jobs/", 1)[0],
-                    secret_values=values,
-                    host_timeout=args.host_timeout,
-                    partition=args.partition,
-                    batch=args.batch,
-                )
-            ]
+            hosts = launch_slurm.hosts_for(
+                job,
+                connections,
+                values,
+                submit_host=args.submit_host,
+                host_timeout=args.host_timeout,
+                partition=args.partition,
+                batch=args.batch,
+            )
         else:
             hosts = hosts_for(job, connections, values, log_dir, args.host_timeout)
     except (MpiError, launch_slurm.SlurmError) as exc:
@@ -374,19 +371,10 @@ def launch(args: argparse.Namespace) -> int:
     for line in result.table():
         print(f"  {line}", file=sys.stderr)
     if slurm and args.batch and result.ok:
-        said = "\n".join(result.ranks[0].tail) if result.ranks else ""
-        number = launch_slurm.batch_job_id(said)
+        number, message = launch_slurm.submitted(job, result)
+        print(f"meshkit launch: {message}", file=sys.stderr)
         if number is None:
-            print(f"meshkit launch: sbatch exited 0 but printed no job id: {said!r}", file=sys.stderr)
             return 1
-        rank0 = min(job["ranks"], key=lambda r: r["rank"])["host"]
-        output = launch_slurm.batch_output(job).replace("%j", number)
-        print(
-            f"meshkit launch: submitted Slurm batch job {number} ({launch_slurm.job_name(job)}): {job['world_size']} "
-            f"ranks in ring order; their output (labelled by rank) goes to {rank0}:{output}. "
-            f"squeue -j {number} shows it, scancel {number} stops it",
-            file=sys.stderr,
-        )
         print(number)
         return 0
     why = launch_slurm.explain if slurm else explain

@@ -31,35 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from meshkit import launcher
-from meshkit.launch_plan import JOB_ID_ENV
+from meshkit.launch_plan import HIDDEN, JOB_ID_ENV
 from meshkit.launcher import HostJob, agent_argv, with_secrets
 
-# The runtimes a Slurm job can run so far: their ranks need nothing per job on the hosts. MPI ranks
-# are started by srun itself and find each other through Slurm's PMIx plugin (srun --mpi=pmix; Open
-# MPI 4.1 as Debian 12 packages it), no mpirun.
-RUNTIMES = ("meshccl", "plain", "mpi")
-# Set per rank by the plan; under srun every task has the same environment and WRAP sets these.
-PER_RANK = ("MESHKIT_RANK", "MESHKIT_LOCAL_RANK", "MESHKIT_HOST", "MESHCCL_RANK")
-WRAP = (
-    'MESHKIT_RANK="$SLURM_PROCID" MESHKIT_LOCAL_RANK="$SLURM_LOCALID" MESHKIT_HOST="$SLURMD_NODENAME"; '
-    'export MESHKIT_RANK MESHKIT_LOCAL_RANK MESHKIT_HOST; {path}exec "$@"'
-)
-
-
-def wrap(job: dict[str, Any]) -> str:
-    """The shell line each task runs its program through: the per-rank variables from Slurm's, and
-    per host the directories the plan puts first on PATH (the host's meshccl environment)."""
-    cases = {}
-    for r in job["ranks"]:
-        if r.get("path_prepend"):
-            cases[r["host"]] = ":".join(r["path_prepend"])
-    path = ""
-    if cases:
-        arms = " ".join(f'{shlex.quote(h)}) PATH={shlex.quote(p)}:"$PATH";;' for h, p in cases.items())
-        path = f'case "$SLURMD_NODENAME" in {arms} esac; export PATH; '
-    return WRAP.format(path=path)
-
-
+# The runtimes a Slurm job runs: every one meshkit's own launcher runs. MPI ranks are started by srun
+# itself and find each other through Slurm's PMIx plugin (srun --mpi=pmix; Open MPI 4.1 as Debian 12
+# packages it), no mpirun.
+RUNTIMES = ("meshccl", "plain", "mpi", "torch", "mlx")
+# Slurm's variables a task's own numbers are taken from.
+PER_RANK = {"rank": "SLURM_PROCID", "local_rank": "SLURM_LOCALID"}
+FILE_VAR = "MESHKIT_JOB_FILE_{}"
 # srun --label: "<task>: text", the task number right-aligned to the widest.
 LABEL = re.compile(r"^\s*(\d+): ?(.*)$", re.S)
 # srun's report of a task that failed: "srun: error: node2: task 3: Exited with exit code 7",
@@ -85,14 +66,99 @@ def job_name(job: dict[str, Any]) -> str:
     return f"meshkit-{job['job_id']}"
 
 
-def common_env(job: dict[str, Any], state_dir: str) -> dict[str, str]:
-    """Every task's environment: rank 0's less what differs per rank; meshccl reads the hostfile
-    setup.yml wrote on every host, with Slurm's layout (meshccl.bootstrap's Slurm path)."""
-    first = min(job["ranks"], key=lambda r: r["rank"])
-    env = {k: v for k, v in first["env"].items() if k not in PER_RANK}
-    if "MESHCCL_HOSTFILE" in env:
-        env["MESHCCL_HOSTFILE"] = f"{state_dir.rstrip('/')}/hostfiles/meshccl.json"
-    return env
+def split_env(job: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, str]]]:
+    """The plan's per-rank environments as srun can give them: (the same for every task, in srun's
+    own environment; per rank, the Slurm variable each is read from; per host, the values that host's
+    tasks get). Under srun every task starts with one environment, so what differs must come from
+    Slurm's variables (a rank's number, its number on its host) or from its host's name. A secret
+    (shown <hidden> in the plan) is the same for every rank: it stays in the environment, never on
+    the wrapper's command line."""
+    ranks = sorted(job["ranks"], key=lambda r: r["rank"])
+    names = sorted({name for r in ranks for name in r["env"]})
+    common: dict[str, str] = {}
+    per_rank: dict[str, str] = {}
+    per_host: dict[str, dict[str, str]] = {r["host"]: {} for r in ranks}
+    for name in names:
+        values = [r["env"].get(name) for r in ranks]
+        if any(v is None for v in values):
+            missing = sorted({r["host"] for r, v in zip(ranks, values, strict=True) if v is None})
+            raise SlurmError(f"{name} is set for some ranks only (not on {', '.join(missing)}): srun cannot give it")
+        if len(set(values)) == 1:
+            common[name] = str(values[0])
+            continue
+        if any(v == HIDDEN for v in values):
+            raise SlurmError(f"{name} is a secret that differs between ranks: srun cannot give it without showing it")
+        pairs = list(zip(ranks, values, strict=True))
+        slurm = next((var for key, var in PER_RANK.items() if all(v == str(r.get(key)) for r, v in pairs)), None)
+        if slurm:
+            per_rank[name] = slurm
+            continue
+        by_host: dict[str, set[str]] = {}
+        for r, v in zip(ranks, values, strict=True):
+            by_host.setdefault(r["host"], set()).add(str(v))
+        if any(len(found) > 1 for found in by_host.values()):
+            raise SlurmError(
+                f"{name} differs between ranks of one host, not as their rank numbers: srun cannot give it"
+            )
+        for host, found in by_host.items():
+            per_host[host][name] = next(iter(found))
+    for r in ranks:
+        if r.get("path_prepend"):
+            per_host[r["host"]]["PATH"] = ":".join(r["path_prepend"]) + ":$PATH"
+    return common, per_rank, per_host
+
+
+def job_files(job: dict[str, Any]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The job's files (meshccl.json, MLX's ring file), which meshkit's own agents write into each
+    host's job directory: (variable -> content, in srun's environment; per host, file name ->
+    variable). The task wrapper writes them there before the program starts."""
+    contents: dict[str, str] = {}
+    per_host: dict[str, dict[str, str]] = {}
+    for host, files in sorted((job.get("files") or {}).items()):
+        for name, text in sorted(files.items()):
+            var = next((v for v, t in contents.items() if t == text), None)
+            if var is None:
+                var = FILE_VAR.format(len(contents))
+                contents[var] = text
+            per_host.setdefault(host, {})[name] = var
+    return contents, per_host
+
+
+def wrap(job: dict[str, Any]) -> str:
+    """The shell line each task runs its program through: per rank the variables from Slurm's, per
+    host its own values (the host's meshccl environment first on PATH among them) and its job
+    files written into its job directory, then the program."""
+    _common, per_rank, per_host = split_env(job)
+    _contents, files = job_files(job)
+    parts = [f'{name}="${var}"' for name, var in per_rank.items()]
+    exported = set(per_rank)
+    arms = []
+    for host in dict.fromkeys(r["host"] for r in sorted(job["ranks"], key=lambda r: r["rank"])):
+        sets = []
+        for name, value in per_host.get(host, {}).items():
+            exported.add(name)
+            if name == "PATH":
+                sets.append(f'PATH={shlex.quote(value.removesuffix(":$PATH"))}:"$PATH"')
+            else:
+                sets.append(f"{name}={shlex.quote(value)}")
+        arms.append(f"{shlex.quote(host)}) {' '.join(sets)} ;;" if sets else f"{shlex.quote(host)}) ;;")
+    parts.append(
+        f'case "$SLURMD_NODENAME" in {" ".join(arms)} '
+        '*) echo "meshkit: $SLURMD_NODENAME is not a host of this job" >&2; exit 97 ;; esac'
+    )
+    if exported:
+        parts.append(f"export {' '.join(sorted(exported))}")
+    if any(files.values()):
+        d = shlex.quote(job["job_dir"])
+        parts.append(f"mkdir -p -m 0700 {d}")
+        for host, named in files.items():
+            writes = []
+            for name, var in named.items():
+                tmp = f'{d}/.{name}."$SLURM_PROCID"'
+                writes.append(f'printf %s "${var}" > {tmp} && mv -f {tmp} {d}/{shlex.quote(name)}')
+            parts.append(f'if [ "$SLURMD_NODENAME" = {shlex.quote(host)} ]; then {" && ".join(writes)} || exit 97; fi')
+        parts.append(f"unset {' '.join(sorted({v for named in files.values() for v in named.values()}))}")
+    return "; ".join([*parts, 'exec "$@"'])
 
 
 def srun_argv(job: dict[str, Any], *, partition: str | None = None, srun: str = "srun") -> list[str]:
@@ -168,7 +234,6 @@ def host_job(
     connections: Mapping[str, dict[str, Any]],
     *,
     submit_host: str,
-    state_dir: str,
     secret_values: Mapping[str, str],
     host_timeout: float | None = None,
     partition: str | None = None,
@@ -186,9 +251,12 @@ def host_job(
     conn = dict(connections[submit_host])
     if host_timeout is not None:
         conn["host_timeout"] = host_timeout
+    common, _per_rank, _per_host = split_env(job)
+    contents, _files = job_files(job)
     env = {
         JOB_ID_ENV: str(job["job_id"]),
-        **common_env(job, state_dir),
+        **common,
+        **contents,
         **with_secrets(job, secret_values),
         "SLURM_HOSTFILE": f"{job['job_dir']}/{HOSTFILE_NAME}",
     }
@@ -207,6 +275,49 @@ def host_job(
         ],
         {HOSTFILE_NAME: slurm_hostfile(job)},
     )
+
+
+def submitted(job: dict[str, Any], outcome: Any) -> tuple[str | None, str]:
+    """After a --batch launch: (the Slurm job id sbatch printed, or None; what to tell the user)."""
+    said = "\n".join(outcome.ranks[0].tail) if outcome.ranks else ""
+    number = batch_job_id(said)
+    if number is None:
+        return None, f"sbatch exited 0 but printed no Slurm job id: {said!r}"
+    output = batch_output(job).replace("%j", number)
+    return number, (
+        f"submitted Slurm batch job {number} ({job_name(job)}): {job['world_size']} ranks in ring order; their "
+        f"output (labelled by rank) goes to {submit_host_of(job)}:{output}. squeue -j {number} shows it, "
+        f"scancel {number} stops it"
+    )
+
+
+def submit_host_of(job: dict[str, Any], given: str | None = None) -> str:
+    """The host srun/sbatch runs on: the one given, else rank 0's."""
+    return given or min(job["ranks"], key=lambda r: r["rank"])["host"]
+
+
+def hosts_for(
+    job: dict[str, Any],
+    connections: Mapping[str, dict[str, Any]],
+    secret_values: Mapping[str, str],
+    *,
+    submit_host: str | None = None,
+    host_timeout: float | None = None,
+    partition: str | None = None,
+    batch: bool = False,
+) -> list[HostJob]:
+    """The Launcher's HostJobs of a job through Slurm (as launch_mpi.hosts_for for the others)."""
+    return [
+        host_job(
+            job,
+            connections,
+            submit_host=submit_host_of(job, submit_host),
+            secret_values=secret_values,
+            host_timeout=host_timeout,
+            partition=partition,
+            batch=batch,
+        )
+    ]
 
 
 def describe(argv: list[str]) -> str:

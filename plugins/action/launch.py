@@ -186,19 +186,15 @@ class ActionModule(ActionBase):
         slurm = (args.get("scheduler") or "meshkit") == "slurm"
         try:
             if slurm:
-                submit = args.get("submit_host") or min(job["ranks"], key=lambda r: r["rank"])["host"]
-                hosts = [
-                    launch_slurm.host_job(
-                        job,
-                        connections,
-                        submit_host=submit,
-                        state_dir=job["job_dir"].rsplit("/jobs/", 1)[0],
-                        secret_values=values,
-                        host_timeout=host_timeout,
-                        partition=args.get("partition"),
-                        batch=bool(args.get("batch")),
-                    )
-                ]
+                hosts = launch_slurm.hosts_for(
+                    job,
+                    connections,
+                    values,
+                    submit_host=args.get("submit_host"),
+                    host_timeout=host_timeout,
+                    partition=args.get("partition"),
+                    batch=bool(args.get("batch")),
+                )
             else:
                 hosts = hosts_for(job, connections, values, log_dir, host_timeout)
         except (MpiError, launch_slurm.SlurmError) as exc:
@@ -224,19 +220,13 @@ class ActionModule(ActionBase):
         result["table"] = outcome.table()
         result["log_dir"] = str(log_dir)
         if outcome.ok and slurm and args.get("batch"):
-            number = launch_slurm.batch_job_id("\n".join(outcome.ranks[0].tail) if outcome.ranks else "")
+            number, message = launch_slurm.submitted(job, outcome)
             result["summary"] = outcome.summary()
+            result["msg"] = f"job {job['job_id']}: {message}"
             if number is None:
                 result["failed"] = True
-                result["msg"] = f"job {job['job_id']}: sbatch exited 0 but printed no Slurm job id"
-                return result
-            result["slurm_job_id"] = number
-            output = launch_slurm.batch_output(job).replace("%j", number)
-            rank0 = min(job["ranks"], key=lambda r: r["rank"])["host"]
-            result["msg"] = (
-                f"job {job['job_id']}: submitted as Slurm batch job {number}; output on {rank0}:{output}; "
-                f"squeue -j {number} shows it, scancel {number} stops it"
-            )
+            else:
+                result["slurm_job_id"] = number
             return result
         if outcome.ok:
             result["summary"] = outcome.summary()

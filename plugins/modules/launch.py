@@ -88,7 +88,7 @@ options:
   scheduler:
     description: Who starts the ranks - C(meshkit) (an agent on every host) or C(slurm) (one C(srun) on
       O(submit_host), ranks in ring order through C(SLURM_HOSTFILE); the cluster set up with C(meshkit_slurm));
-      C(slurm) runs meshccl, plain and MPI jobs (MPI through C(srun --mpi=pmix)).
+      every runtime (MPI through C(srun --mpi=pmix)).
     type: str
     choices: [meshkit, slurm]
     default: meshkit

@@ -1873,7 +1873,7 @@ def test_slurm_runs_an_mpi_job_through_srun_pmix_and_a_batch_job_through_sbatch(
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
-    number = proc.stdout.strip()
+    number = proc.stdout.split()[-1]  # the Slurm job id, last on stdout
     assert number.isdigit(), output
     said = rf"submitted Slurm batch job {number} \(meshkit-\S+\): 8 ranks in ring order; their output "
     found = re.search(said + rf"\(labelled by rank\) goes to {ring[0]}:(/tmp/meshkit-\S+-{number}\.out)\.", output)
@@ -1887,3 +1887,59 @@ def test_slurm_runs_an_mpi_job_through_srun_pmix_and_a_batch_job_through_sbatch(
     written = on_node(handle, ring[0], f"cat {found.group(1)}")
     for r in range(8):
         assert re.search(rf"^\s*{r}: meshccl rank {r}/8 on {ring[r // 2]}: all_reduce exact$", written, re.M), written
+
+
+def test_slurm_runs_torch_ddp_over_meshccl_and_an_mlx_ring_job_with_their_environments(lab):
+    """-r torch and -r mlx through srun: each task gets the environment meshkit's own launcher gives
+    its rank (torch's RANK/LOCAL_RANK from Slurm's numbers, each host's own NODE_RANK and interfaces,
+    the job's meshccl.json and MLX ring file written into the job directory on every host). DDP over
+    meshccl matches Gloo on every rank and uses every cable; MLX's all_sum is 36 on every rank."""
+    _handle, artifacts = lab
+    ring = ring_order(artifacts)
+    proc = subprocess.run(
+        slurm_launch_argv(lab, "-r", "torch", "--", PYTHON, DDP_PARITY),
+        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=600, check=False,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    said = dict(re.findall(r"^\[(\d)\|node\d\] ddp-parity rank \1/8 on (node\d) .* ok$", output, re.M))
+    assert said == {str(r): ring[r // 2] for r in range(8)}, output
+    for line in re.findall(r"ddp-parity rank \d/8 on node\d (.*) ok$", output, re.M):
+        fields = dict(kv.split("=", 1) for kv in line.split())
+        assert fields["backend"] == "meshccl" and fields["same_on_every_rank"] == "yes", fields
+        assert float(fields["max_diff_gloo"]) <= float(fields["tol"]) and fields["cables"] == "3/3", fields
+    proc = subprocess.run(
+        slurm_launch_argv(lab, "-r", "mlx", "--", PYTHON, str(PROGRAMS / "mlx_all_sum.py")),
+        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=600, check=False,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    for r in range(8):
+        assert f"[{r}|{ring[r // 2]}] mlx rank {r}/8 on {ring[r // 2]} MLX_RANK={r} sum=36" in output, output
+
+
+def test_slurm_through_launch_yml(lab):
+    """launch.yml with launch_scheduler: slurm: the same job through srun, shown per rank, and the play
+    fails naming the rank when one exits non-zero."""
+    ring = ring_order(lab[1])
+    rc, output, summary = launch(
+        lab,
+        launch_program=["python3", str(PROGRAMS / "meshccl_allreduce.py")],
+        launch_ranks_per_host=2,
+        launch_scheduler="slurm",
+        launch_timeout=120,
+    )
+    assert rc == 0, output
+    for r in range(8):
+        assert f"[{r}|{ring[r // 2]}] meshccl rank {r}/8 on {ring[r // 2]}: all_reduce exact" in output, output
+    assert summary is not None and summary["ok"] and summary["ranks"][0]["rank"] == -1, summary
+    rc, output, _ = launch(
+        lab,
+        launch_program=["python3", "-c", SLURM_RANK],
+        launch_runtime="plain",
+        launch_env={"FAIL_RANK": "6", "FAIL_CODE": "4", "HOLD": "300"},
+        launch_ranks_per_host=2,
+        launch_scheduler="slurm",
+        launch_timeout=120,
+    )
+    assert rc != 0 and f"rank 6 ({ring[3]}) exited with exit code 4 (reported by srun" in output, output

@@ -17,7 +17,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 RING = ["node1", "node3", "node2", "node4"]
 
 
-def job(per_host: int = 2, runtime: str = "meshccl", cwd: str | None = None) -> dict[str, Any]:
+def job(
+    per_host: int = 2, runtime: str = "meshccl", cwd: str | None = None, job_dir: str = "/var/lib/meshkit/jobs/j1"
+) -> dict[str, Any]:
     ranks = []
     for i, host in enumerate(RING):
         for local in range(per_host):
@@ -28,8 +30,10 @@ def job(per_host: int = 2, runtime: str = "meshccl", cwd: str | None = None) -> 
                 "MESHKIT_HOST": host,
                 "MESHKIT_WORLD_SIZE": str(len(RING) * per_host),
                 "MESHCCL_RANK": str(rank),
-                "MESHCCL_HOSTFILE": "/var/lib/meshkit/jobs/j1/meshccl.json",
+                "MESHCCL_HOSTFILE": f"{job_dir}/meshccl.json",
                 "MESHCCL_TOKEN": "<hidden>",
+                "NODE_RANK": str(i),
+                "GLOO_SOCKET_IFNAME": "mgmt0" if host != "node4" else "eth0",
             }
             ranks.append(
                 {
@@ -46,9 +50,9 @@ def job(per_host: int = 2, runtime: str = "meshccl", cwd: str | None = None) -> 
         "job_id": "j1",
         "runtime": runtime,
         "world_size": len(ranks),
-        "job_dir": "/var/lib/meshkit/jobs/j1",
+        "job_dir": job_dir,
         "ranks": ranks,
-        "files": {},
+        "files": {h: {"meshccl.json": '{"format": "meshccl-hostfile"}\n'} for h in RING},
     }
 
 
@@ -69,37 +73,83 @@ def test_srun_asks_for_the_ring_and_kills_the_job_on_a_bad_exit():
     assert argv[-5:] == ["meshkit-rank", "python3", "/shared/x.py", "--n", "1"]
 
 
-def test_every_task_shares_the_environment_but_the_per_rank_variables():
-    env = launch_slurm.common_env(job(), "/var/lib/meshkit")
-    assert not set(env) & set(launch_slurm.PER_RANK)
-    # meshccl forms the job from Slurm's layout and the hostfile setup.yml wrote on every host.
-    assert env["MESHCCL_HOSTFILE"] == "/var/lib/meshkit/hostfiles/meshccl.json"
-    assert env["MESHKIT_WORLD_SIZE"] == "8"
+def test_the_plans_environment_splits_into_common_per_rank_and_per_host():
+    common, per_rank, per_host = launch_slurm.split_env(job())
+    assert common["MESHKIT_WORLD_SIZE"] == "8" and common["MESHCCL_TOKEN"] == "<hidden>"
+    assert per_rank == {
+        "MESHCCL_RANK": "SLURM_PROCID",
+        "MESHKIT_LOCAL_RANK": "SLURM_LOCALID",
+        "MESHKIT_RANK": "SLURM_PROCID",
+    }
+    assert per_host["node2"] == {
+        "GLOO_SOCKET_IFNAME": "mgmt0",
+        "MESHKIT_HOST": "node2",
+        "NODE_RANK": "2",
+        "PATH": "/opt/node2/bin:$PATH",
+    }
+    assert per_host["node4"]["GLOO_SOCKET_IFNAME"] == "eth0" and "GLOO_SOCKET_IFNAME" not in common
+
+
+def test_what_srun_cannot_give_per_rank_is_refused_by_name():
+    odd = job()
+    odd["ranks"][3]["env"]["ODD"] = "x"  # one rank only
+    with pytest.raises(launch_slurm.SlurmError, match="ODD is set for some ranks only"):
+        launch_slurm.split_env(odd)
+    odd = job()
+    for r in odd["ranks"]:
+        r["env"]["SEED"] = str(r["rank"] * 7)  # differs on one host, not as a rank number
+    with pytest.raises(launch_slurm.SlurmError, match="SEED differs between ranks of one host"):
+        launch_slurm.split_env(odd)
+    odd = job()
+    odd["ranks"][0]["env"]["API_KEY"] = "<hidden>"
+    for r in odd["ranks"][1:]:
+        r["env"]["API_KEY"] = "plain"
+    with pytest.raises(launch_slurm.SlurmError, match="API_KEY is a secret that differs"):
+        launch_slurm.split_env(odd)
 
 
 @pytest.mark.parametrize(("procid", "localid", "node"), [(0, 0, "node1"), (5, 1, "node2"), (7, 1, "node4")])
-def test_the_wrapper_sets_the_rank_from_slurm_and_the_hosts_path(tmp_path, procid, localid, node):
-    """The wrapper line, run by /bin/sh as srun runs it: MESHKIT_RANK etc. from Slurm's variables,
-    the host's own directory first on PATH, then the program with its arguments untouched."""
-    argv = launch_slurm.srun_argv(job())
+def test_the_wrapper_gives_each_task_its_ranks_environment_and_the_job_files(tmp_path, procid, localid, node):
+    """The wrapper line, run by /bin/sh as srun runs it, with the environment srun gives every task:
+    the rank's variables from Slurm's, its host's own values and PATH, the job's file written into
+    the job directory (the variable holding it gone), then the program with its arguments as given."""
+    planned = job(job_dir=str(tmp_path / "jobs" / "j1"))
+    argv = launch_slurm.srun_argv(planned)
     wrapper = argv[argv.index("--") + 1 :]
     program = tmp_path / "show"
-    program.write_text('#!/bin/sh\necho "$MESHKIT_RANK $MESHKIT_LOCAL_RANK $MESHKIT_HOST ${PATH%%:*} $*"\n')
+    program.write_text(
+        "#!/bin/sh\n"
+        'echo "$MESHKIT_RANK $MESHCCL_RANK $MESHKIT_LOCAL_RANK $MESHKIT_HOST $NODE_RANK $GLOO_SOCKET_IFNAME '
+        '${PATH%%:*} ${MESHKIT_JOB_FILE_0:-unset} $*"\n'
+        'cat "$MESHCCL_HOSTFILE"\n'
+    )
     program.chmod(0o755)
     wrapper[-4:] = [str(program), "a b", "--n", "1"]
-    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": str(procid), "SLURM_LOCALID": str(localid), "SLURMD_NODENAME": node}
-    out = subprocess.run(wrapper, env=env, capture_output=True, text=True, check=True).stdout.strip()
-    assert out == f"{procid} {localid} {node} /opt/{node}/bin a b --n 1"
+    common, _per_rank, _per_host = launch_slurm.split_env(planned)
+    contents, _files = launch_slurm.job_files(planned)
+    env = {**common, **contents, "PATH": "/usr/bin:/bin", "SLURM_PROCID": str(procid),
+           "SLURM_LOCALID": str(localid), "SLURMD_NODENAME": node}  # fmt: skip
+    out = subprocess.run(wrapper, env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    iface = "eth0" if node == "node4" else "mgmt0"
+    assert out[0] == f"{procid} {procid} {localid} {node} {RING.index(node)} {iface} /opt/{node}/bin unset a b --n 1"
+    assert out[1] == '{"format": "meshccl-hostfile"}'
+    assert oct((tmp_path / "jobs" / "j1").stat().st_mode & 0o777) == "0o700"
 
 
-def test_only_meshccl_and_plain_jobs_run_through_slurm():
+def test_the_wrapper_refuses_a_node_that_is_not_the_jobs(tmp_path):
+    argv = launch_slurm.srun_argv(job(job_dir=str(tmp_path / "j")))
+    wrapper = argv[argv.index("--") + 1 :]
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "node9"}
+    proc = subprocess.run(wrapper, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 97 and "node9 is not a host of this job" in proc.stderr
+
+
+def test_the_submit_host_must_be_a_host_of_the_job():
     conn = {"node1": {"kind": "local"}}
-    with pytest.raises(launch_slurm.SlurmError, match="runs meshccl, plain, mpi jobs so far, not torch"):
-        launch_slurm.host_job(
-            job(runtime="torch"), conn, submit_host="node1", state_dir="/var/lib/meshkit", secret_values={}
-        )
+    with pytest.raises(launch_slurm.SlurmError, match="runs meshccl, plain, mpi, torch, mlx jobs so far, not tpu"):
+        launch_slurm.host_job(job(runtime="tpu"), conn, submit_host="node1", secret_values={})
     with pytest.raises(launch_slurm.SlurmError, match="submit host 'head' is not a host of this job"):
-        launch_slurm.host_job(job(), conn, submit_host="head", state_dir="/var/lib/meshkit", secret_values={})
+        launch_slurm.host_job(job(), conn, submit_host="head", secret_values={})
 
 
 def test_the_submit_hosts_agent_gets_srun_the_ring_and_the_token_in_its_environment():
@@ -107,7 +157,6 @@ def test_the_submit_hosts_agent_gets_srun_the_ring_and_the_token_in_its_environm
         job(),
         {"node1": {"kind": "local"}},
         submit_host="node1",
-        state_dir="/var/lib/meshkit",
         secret_values={"MESHCCL_TOKEN": "s3cret"},
     )
     [spec] = hj.ranks
@@ -115,6 +164,9 @@ def test_the_submit_hosts_agent_gets_srun_the_ring_and_the_token_in_its_environm
     assert spec["env"]["MESHCCL_TOKEN"] == "s3cret" and "s3cret" not in " ".join(spec["argv"])
     assert spec["env"]["SLURM_HOSTFILE"] == "/var/lib/meshkit/jobs/j1/slurm-hostfile"
     assert hj.files == {"slurm-hostfile": launch_slurm.slurm_hostfile(job())}
+    # The job's file travels in srun's environment (the wrapper writes it on each host), not as a file here.
+    assert spec["env"]["MESHKIT_JOB_FILE_0"] == '{"format": "meshccl-hostfile"}\n'
+    assert "MESHKIT_RANK" not in spec["env"] and spec["env"]["MESHKIT_WORLD_SIZE"] == "8"
 
 
 def test_sbatch_submits_a_script_that_writes_the_ring_and_runs_the_same_srun(tmp_path):
@@ -180,3 +232,15 @@ def test_a_cancelled_job_is_said_to_be_cancelled_and_no_rank_is_blamed():
     assert reason.startswith("the Slurm job step was cancelled from outside"), reason
     assert failures[0][0].startswith("srun on node1: failed")
     assert launch_slurm.exit_code(job(), outcome(said)) is None
+
+
+def test_a_batch_launch_names_the_job_and_where_its_output_goes():
+    ok = SimpleNamespace(ranks=[state(["17"], driver="sbatch")])
+    number, message = launch_slurm.submitted(job(), ok)
+    assert number == "17"
+    assert message == (
+        "submitted Slurm batch job 17 (meshkit-j1): 8 ranks in ring order; their output (labelled by rank) goes to "
+        "node1:/tmp/meshkit-j1-17.out. squeue -j 17 shows it, scancel 17 stops it"
+    )
+    number, message = launch_slurm.submitted(job(), SimpleNamespace(ranks=[state(["queued?"], driver="sbatch")]))
+    assert number is None and "printed no Slurm job id" in message
