@@ -317,7 +317,11 @@ def launch(args: argparse.Namespace) -> int:
         print(f"meshkit launch: {exc}", file=sys.stderr)
         return 2
     mode = os.fstat(sys.stdin.fileno()).st_mode if not sys.stdin.closed else 0
-    broadcast = not args.no_stdin and (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or sys.stdin.isatty())
+    broadcast = (
+        not args.no_stdin
+        and not getattr(args, "batch", False)
+        and (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or sys.stdin.isatty())
+    )
 
     def write(text: str, event: bool) -> None:
         # In the terminal's own thread: a paused pager blocks it, never the launcher.

@@ -10,11 +10,11 @@ verified by every host); then, instead of one agent per host, one agent on the s
          --kill-on-bad-exit=1 --label --export=ALL [--chdir DIR] -- /bin/sh -c WRAP meshkit-rank PROGRAM...
 
 with ``SLURM_HOSTFILE`` naming the ring's hosts, rank by rank, so Slurm's task r is meshkit's rank r
-on the plan's host. Every task gets the environment of the plan common to all ranks (the job token
-among it, from the agent's environment, never a command line); WRAP sets what differs per rank from
-Slurm's own variables (MESHKIT_RANK = SLURM_PROCID, ...). meshccl finds its rank from Slurm's
-environment and the hostfile setup.yml wrote on every host (``<state dir>/hostfiles/meshccl.json``;
-meshccl.bootstrap, "Under Slurm"), so no job file has to reach the hosts first.
+on the plan's host. srun starts every task with the submit host's environment plus what the plan
+gives every rank (the job token among it, from the agent's environment, never a command line); the
+wrapper (wrap()) sets what differs per rank from Slurm's own variables (MESHKIT_RANK = SLURM_PROCID,
+...) and per host by SLURMD_NODENAME, and writes the job's files (meshccl.json, MLX's ring file)
+into the host's job directory, which it first makes sure is the user's own and private.
 
 A rank that exits non-zero makes Slurm kill the others (--kill-on-bad-exit); srun names it
 ("srun: error: node2: task 3: Exited with exit code 7") and the launch names it from there.
@@ -41,7 +41,16 @@ RUNTIMES = ("meshccl", "plain", "mpi", "torch", "mlx")
 # Slurm's variables a task's own numbers are taken from.
 PER_RANK = {"rank": "SLURM_PROCID", "local_rank": "SLURM_LOCALID"}
 FILE_VAR = "MESHKIT_JOB_FILE_{}"
-# srun --label: "<task>: text", the task number right-aligned to the widest.
+# Linux takes at most 128 KiB in one environment string (MAX_ARG_STRLEN): a job file above this
+# cannot travel in srun's environment.
+FILE_LIMIT = 120 * 1024
+# The launch agent marks what it starts (MESHKIT_JOB_MARK) and sweeps what carries its mark when the
+# job ends; Slurm's tasks are Slurm's to stop (a batch job outlives sbatch), so srun and sbatch are
+# started without it.
+UNMARKED = ["env", "-u", "MESHKIT_JOB_MARK"]
+# Jobs that listen on the plan's fixed ports: two of them on one node would collide.
+EXCLUSIVE = ("meshccl", "torch", "mlx")
+# srun --label: "<task>: text", the task number zero-padded to the widest.
 LABEL = re.compile(r"^\s*(\d+): ?(.*)$", re.S)
 # srun's report of a task that failed: "srun: error: node2: task 3: Exited with exit code 7",
 # "srun: error: node1: tasks 0-1: Killed".
@@ -117,6 +126,12 @@ def job_files(job: dict[str, Any]) -> tuple[dict[str, str], dict[str, dict[str, 
     for host, files in sorted((job.get("files") or {}).items()):
         for name, text in sorted(files.items()):
             var = next((v for v, t in contents.items() if t == text), None)
+            if var is None and len(text.encode()) > FILE_LIMIT:
+                raise SlurmError(
+                    f"the job's {name} is {len(text.encode()) // 1024} KiB: a file over {FILE_LIMIT // 1024} KiB "
+                    "cannot travel in srun's environment (Linux's limit per variable); launch this job without "
+                    "--scheduler slurm"
+                )
             if var is None:
                 var = FILE_VAR.format(len(contents))
                 contents[var] = text
@@ -150,7 +165,15 @@ def wrap(job: dict[str, Any]) -> str:
         parts.append(f"export {' '.join(sorted(exported))}")
     if any(files.values()):
         d = shlex.quote(job["job_dir"])
-        parts.append(f"mkdir -p -m 0700 {d}")
+        # The job directory must be this user's own and private, as meshkit's agent makes sure: its
+        # parent is world-writable and the job's name is public (squeue), so another user could have
+        # made it first, or a link.
+        parts.append(f"umask 077; mkdir -m 0700 {d} 2>/dev/null")
+        parts.append(
+            f'if [ -L {d} ] || [ ! -d {d} ] || [ ! -O {d} ] || [ "$(stat -c %a {d})" != 700 ]; then '
+            f'echo "meshkit: {job["job_dir"]} on $SLURMD_NODENAME is not a private directory of $(id -un)" >&2; '
+            "exit 97; fi"
+        )
         for host, named in files.items():
             writes = []
             for name, var in named.items():
@@ -165,6 +188,7 @@ def srun_argv(job: dict[str, Any], *, partition: str | None = None, srun: str = 
     first = min(job["ranks"], key=lambda r: r["rank"])
     hosts = list(dict.fromkeys(r["host"] for r in sorted(job["ranks"], key=lambda r: r["rank"])))
     argv = [
+        *UNMARKED,
         srun,
         "--job-name", job_name(job),
         "--nodes", str(len(hosts)),
@@ -176,11 +200,24 @@ def srun_argv(job: dict[str, Any], *, partition: str | None = None, srun: str = 
     ]  # fmt: skip
     if job["runtime"] == "mpi":
         argv.append("--mpi=pmix")
+    if job["runtime"] in EXCLUSIVE:
+        argv.append("--exclusive")
+    argv += time_limit(job)
     if partition:
         argv += ["--partition", partition]
     if first.get("cwd"):
         argv += ["--chdir", first["cwd"]]
     return [*argv, "--", "/bin/sh", "-c", wrap(job), "meshkit-rank", *first["argv"]]
+
+
+def time_limit(job: dict[str, Any]) -> list[str]:
+    """--time from the job's timeout (-t): Slurm ends the job even when nothing of meshkit is left
+    to (a batch job, a srun that was killed)."""
+    seconds = float(job.get("timeout") or 0)
+    if seconds <= 0:
+        return []
+    whole = int(seconds) + (seconds > int(seconds))
+    return [f"--time={whole // 60}:{whole % 60:02d}"]
 
 
 def batch_output(job: dict[str, Any]) -> str:
@@ -206,6 +243,7 @@ def sbatch_argv(job: dict[str, Any], *, partition: str | None = None, sbatch: st
         ]
     )
     argv = [
+        *UNMARKED,
         sbatch,
         "--parsable",
         "--job-name", job_name(job),
@@ -215,6 +253,9 @@ def sbatch_argv(job: dict[str, Any], *, partition: str | None = None, sbatch: st
         "--export=ALL",
         "--output", batch_output(job),
     ]  # fmt: skip
+    if job["runtime"] in EXCLUSIVE:
+        argv.append("--exclusive")
+    argv += time_limit(job)
     if partition:
         argv += ["--partition", partition]
     return [*argv, "--wrap", script]
@@ -320,10 +361,6 @@ def hosts_for(
     ]
 
 
-def describe(argv: list[str]) -> str:
-    return shlex.join(argv)
-
-
 class Lines(launcher.Lines):
     """srun's ``--label`` output taken apart per task (Slurm's task r is the plan's rank r); srun's
     own lines ("srun: ...") are shown as its own."""
@@ -345,57 +382,71 @@ class Lines(launcher.Lines):
         return [f"[{rank.driver}] {text}" if r is None else f"[{r}|{host}] {text}" for r, host, text in shown]
 
 
+def own_lines(outcome: Any) -> str:
+    """srun's own lines ("srun: ..."), in order: from srun.log in the job's log directory (every line
+    it printed), else its last lines (which the ranks' labelled output may have pushed out)."""
+    try:
+        text = (Path(outcome.log_dir) / "srun.log").read_text(errors="replace")
+    except (OSError, TypeError, AttributeError):
+        failed = outcome.failed or outcome.ranks
+        text = "\n".join(failed[0].tail) if failed else ""
+    return "\n".join(line for line in text.splitlines() if not LABEL.match(line))
+
+
 def first_failure(text: str) -> tuple[int, str, int | None, str] | None:
-    """(task, host, exit code or None, srun's words) of the first task srun reported as failed with
-    an exit code (the one that made Slurm kill the rest), else the first task it reported at all."""
-    reported = []
+    """(task, host, exit code or None, srun's words) of the task srun reported first (a non-zero exit
+    code, or a signal such as a segmentation fault), before Slurm stopped the rest: the tasks it
+    killed because of it come after. None when srun reported no task, or when the step was aborted
+    from outside (scancel, a node lost) before any task failed."""
     for line in text.splitlines():
+        if ABORTED in line or CANCELLED.search(line) or "forcing job termination" in line:
+            return None
         m = TASK_ERROR.search(line)
         if not m:
             continue
         host, tasks, what = m.group(1), m.group(2), m.group(3).strip()
-        first = int(re.split(r"[,-]", tasks)[0])
         code = EXITED.search(what)
-        reported.append((first, host, int(code.group(1)) if code else None, what))
-    for entry in reported:
-        if entry[2] not in (None, 0):
-            return entry
-    return reported[0] if reported else None
+        if code and int(code.group(1)) == 0:
+            continue
+        return int(re.split(r"[,-]", tasks)[0]), host, int(code.group(1)) if code else None, what
+    return None
 
 
 def explain(job: dict[str, Any], outcome: Any) -> tuple[str, list[tuple[str, list[str]]]]:
     """Why a Slurm job failed and (heading, last lines) of the rank to blame: the first task srun
-    reported exiting non-zero; else, when the step was aborted from outside (scancel, a node
-    lost), the job; else the first task srun reported at all."""
+    reported failing (its exit code, or the signal it died of); else, when the step was aborted from
+    outside (scancel, a node lost), the job; a timeout or an interrupt keeps its own reason."""
     failed = outcome.failed or [r for r in outcome.ranks if r.state == "timeout"]
     reason = outcome.reason
     if not failed:
         return reason, []
-    srun = failed[0]
-    said = "\n".join(srun.tail)
+    driver = failed[0]
+    last = (f"{driver.driver} on {driver.host}: {driver.state}, {driver.describe()}", list(driver.tail)[-10:])
+    if driver.state == "timeout":
+        return reason, [last]
+    said = own_lines(outcome)
     found = first_failure(said)
-    if found is not None and found[2]:
-        rank, host, code, _what = found
-        reason = f"rank {rank} ({host}) exited with exit code {code} (reported by srun; Slurm stopped the others)"
-        tail = (outcome.rank_output.get(rank) or (host, []))[1]
-        return reason, [(f"rank {rank} on {host}: failed, exit code {code}", list(tail)[-10:])]
-    if ABORTED in said or CANCELLED.search(said):
-        reason = f"the Slurm job step was cancelled from outside (scancel, or a node lost): srun {srun.describe()}"
-        return reason, [(f"srun on {srun.host}: {srun.state}, {srun.describe()}", list(srun.tail)[-10:])]
     if found is not None:
-        rank, host, _code, what = found
-        reason = f"rank {rank} ({host}): {what} (reported by srun, {srun.describe()})"
+        rank, host, code, what = found
         tail = (outcome.rank_output.get(rank) or (host, []))[1]
+        if code is not None:
+            reason = f"rank {rank} ({host}) exited with exit code {code} (reported by srun; Slurm stopped the others)"
+            return reason, [(f"rank {rank} on {host}: failed, exit code {code}", list(tail)[-10:])]
+        reason = f"rank {rank} ({host}): {what} (reported by srun; Slurm stopped the others)"
         return reason, [(f"rank {rank} on {host}: {what}", list(tail)[-10:])]
-    return reason, [(f"srun on {srun.host}: {srun.state}, {srun.describe()}", list(srun.tail)[-10:])]
+    if ABORTED in said or CANCELLED.search(said):
+        reason = (
+            f"the Slurm job step was cancelled from outside (scancel, or a node lost): "
+            f"{driver.driver} {driver.describe()}"
+        )
+    return reason, [last]
 
 
 def exit_code(job: dict[str, Any], outcome: Any) -> int | None:
     """The exit code of the rank to blame, when srun named one."""
-    failed = outcome.failed
-    if not failed:
+    if not outcome.failed:
         return None
-    found = first_failure("\n".join(failed[0].tail))
+    found = first_failure(own_lines(outcome))
     return found[2] if found and found[2] else None
 
 

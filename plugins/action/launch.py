@@ -183,7 +183,19 @@ class ActionModule(ActionBase):
             else:
                 display.display(text)
 
-        slurm = (args.get("scheduler") or "meshkit") == "slurm"
+        scheduler = args.get("scheduler") or "meshkit"
+        if scheduler not in ("meshkit", "slurm"):
+            result["failed"] = True
+            result["changed"] = False
+            result["msg"] = f"launch_scheduler={scheduler!r}: use meshkit (the default) or slurm"
+            return result
+        slurm = scheduler == "slurm"
+        given = [name for name in ("submit_host", "partition", "batch") if args.get(name)]
+        if given and not slurm:
+            result["failed"] = True
+            result["changed"] = False
+            result["msg"] = f"{', '.join('launch_' + n for n in given)} need launch_scheduler: slurm"
+            return result
         try:
             if slurm:
                 hosts = launch_slurm.hosts_for(

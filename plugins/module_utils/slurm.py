@@ -200,7 +200,8 @@ def slurm_conf(
         f"MpiDefault={options['mpi_default']}",
         "SlurmctldTimeout=120",
         "SlurmdTimeout=300",
-        "InactiveLimit=0",
+        # An srun (or salloc) that stopped answering (killed, its host lost) frees its nodes after this.
+        "InactiveLimit=120",
         "KillWait=10",
         "MinJobAge=300",
         "",

@@ -61,11 +61,17 @@ def test_slurm_is_given_the_ring_rank_by_rank():
 
 
 def test_srun_asks_for_the_ring_and_kills_the_job_on_a_bad_exit():
-    argv = launch_slurm.srun_argv(job(cwd="/shared"), partition="gpu")
+    planned = job(cwd="/shared")
+    planned["timeout"] = 90.5
+    argv = launch_slurm.srun_argv(planned, partition="gpu")
     head = argv[: argv.index("--")]
-    assert head[:1] == ["srun"]
-    for flag in ("--distribution=arbitrary", "--kill-on-bad-exit=1", "--label", "--export=ALL"):
+    # Without the agent's job mark: what Slurm started is Slurm's to stop, never the agent's sweep.
+    assert head[:4] == ["env", "-u", "MESHKIT_JOB_MARK", "srun"]
+    for flag in ("--distribution=arbitrary", "--kill-on-bad-exit=1", "--label", "--export=ALL", "--exclusive"):
         assert flag in head
+    assert "--time=1:31" in head and "--mpi=pmix" not in head
+    plain = launch_slurm.srun_argv(job(runtime="mpi"))
+    assert "--mpi=pmix" in plain and "--exclusive" not in plain and not any(a.startswith("--time") for a in plain)
     assert head[head.index("--nodes") + 1] == "4" and head[head.index("--ntasks") + 1] == "8"
     assert head[head.index("--partition") + 1] == "gpu" and head[head.index("--chdir") + 1] == "/shared"
     assert head[head.index("--job-name") + 1] == "meshkit-j1"
@@ -113,6 +119,7 @@ def test_the_wrapper_gives_each_task_its_ranks_environment_and_the_job_files(tmp
     """The wrapper line, run by /bin/sh as srun runs it, with the environment srun gives every task:
     the rank's variables from Slurm's, its host's own values and PATH, the job's file written into
     the job directory (the variable holding it gone), then the program with its arguments as given."""
+    (tmp_path / "jobs").mkdir(mode=0o1777)  # setup.yml makes <state dir>/jobs: sticky, world-writable
     planned = job(job_dir=str(tmp_path / "jobs" / "j1"))
     argv = launch_slurm.srun_argv(planned)
     wrapper = argv[argv.index("--") + 1 :]
@@ -160,7 +167,7 @@ def test_the_submit_hosts_agent_gets_srun_the_ring_and_the_token_in_its_environm
         secret_values={"MESHCCL_TOKEN": "s3cret"},
     )
     [spec] = hj.ranks
-    assert spec["rank"] == -1 and spec["driver"] == "srun" and spec["argv"][0] == "srun"
+    assert spec["rank"] == -1 and spec["driver"] == "srun" and spec["argv"][3] == "srun"
     assert spec["env"]["MESHCCL_TOKEN"] == "s3cret" and "s3cret" not in " ".join(spec["argv"])
     assert spec["env"]["SLURM_HOSTFILE"] == "/var/lib/meshkit/jobs/j1/slurm-hostfile"
     assert hj.files == {"slurm-hostfile": launch_slurm.slurm_hostfile(job())}
@@ -171,7 +178,8 @@ def test_the_submit_hosts_agent_gets_srun_the_ring_and_the_token_in_its_environm
 
 def test_sbatch_submits_a_script_that_writes_the_ring_and_runs_the_same_srun(tmp_path):
     argv = launch_slurm.sbatch_argv(job())
-    assert argv[0] == "sbatch" and "--parsable" in argv and "--distribution=arbitrary" in argv
+    assert argv[:4] == ["env", "-u", "MESHKIT_JOB_MARK", "sbatch"]
+    assert "--parsable" in argv and "--distribution=arbitrary" in argv and "--exclusive" in argv
     assert argv[argv.index("--output") + 1] == "/tmp/meshkit-j1-%j.out"
     script = argv[argv.index("--wrap") + 1]
     # The script, run by sh with a stand-in srun: it writes the ring to $SLURM_HOSTFILE for srun.
@@ -244,3 +252,56 @@ def test_a_batch_launch_names_the_job_and_where_its_output_goes():
     )
     number, message = launch_slurm.submitted(job(), SimpleNamespace(ranks=[state(["queued?"], driver="sbatch")]))
     assert number is None and "printed no Slurm job id" in message
+
+
+def test_the_wrapper_refuses_a_job_directory_that_is_not_the_users_private_one(tmp_path):
+    """The job directory's parent is world-writable and its name public: one made first by someone
+    else (here: mode 0755), or a link, fails the task before any file is written there."""
+    for made in ("open", "link"):
+        d = tmp_path / made / "j1"
+        d.parent.mkdir()
+        if made == "open":
+            d.mkdir(mode=0o755)
+            d.chmod(0o755)
+        else:
+            (tmp_path / "elsewhere").mkdir(mode=0o700, exist_ok=True)
+            d.symlink_to(tmp_path / "elsewhere")
+        argv = launch_slurm.srun_argv(job(job_dir=str(d)))
+        wrapper = argv[argv.index("--") + 1 :]
+        common, _r, _h = launch_slurm.split_env(job(job_dir=str(d)))
+        contents, _f = launch_slurm.job_files(job(job_dir=str(d)))
+        env = {**common, **contents, "PATH": "/usr/bin:/bin", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+               "SLURMD_NODENAME": "node1"}  # fmt: skip
+        proc = subprocess.run(wrapper, env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == 97 and "is not a private directory of" in proc.stderr, (made, proc.stderr)
+        assert not (tmp_path / "elsewhere" / "meshccl.json").exists()
+
+
+def test_a_job_file_too_large_for_the_environment_is_refused():
+    big = job()
+    big["files"]["node1"]["meshccl.json"] = "x" * (130 * 1024)
+    with pytest.raises(launch_slurm.SlurmError, match=r"meshccl\.json is 130 KiB"):
+        launch_slurm.job_files(big)
+
+
+def test_the_rank_is_found_in_srun_log_when_the_ranks_output_pushed_it_out_of_the_tail(tmp_path):
+    """srun's last lines hold the ranks' labelled output too: the report that names the failing rank
+    is read from srun.log whole; a signal is named; a timeout keeps its own reason."""
+    report = (FIXTURES / "srun-bad-exit.txt").read_text().splitlines()
+    noise = [f"{r}: Traceback: peer closed the connection" for r in (0, 1, 2, 4, 5, 6, 7) for _ in range(5)]
+    (tmp_path / "srun.log").write_text("\n".join([report[0], *noise, *report[1:]]) + "\n")
+    srun = state(noise[-20:])
+    done = SimpleNamespace(failed=[srun], ranks=[srun], reason="srun failed", rank_output={}, log_dir=tmp_path)
+    reason, _ = launch_slurm.explain(job(), done)
+    assert reason.startswith("rank 3 (node2) exited with exit code 7"), reason
+    (tmp_path / "srun.log").write_text(
+        "srun: error: node3: task 5: Segmentation fault (core dumped)\n"
+        "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+        "srun: error: node1: tasks 0-1: Killed\n"
+    )
+    reason, _failures = launch_slurm.explain(job(), done)
+    assert reason.startswith("rank 5 (node3): Segmentation fault (core dumped) (reported by srun"), reason
+    assert launch_slurm.exit_code(job(), done) is None
+    srun.state = "timeout"
+    timed = SimpleNamespace(failed=[], ranks=[srun], reason="timeout after 10 s", rank_output={}, log_dir=tmp_path)
+    assert launch_slurm.explain(job(), timed)[0] == "timeout after 10 s"
