@@ -448,7 +448,3 @@ def exit_code(job: dict[str, Any], outcome: Any) -> int | None:
         return None
     found = first_failure(own_lines(outcome))
     return found[2] if found and found[2] else None
-
-
-def log_path(log_dir: Path) -> Path:
-    return log_dir / "srun.log"
