@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Build, inspect and remove the local lab: namespaces, cables, bridges, SSH daemons.
 
-Each lab host is a named network namespace (``<lab>-node<i>``) plus a holder
+Each lab host is a named network namespace (``<lab>-node<i>``; the head node of a lab
+with ``lab_head``, which has no cables, ``<lab>-head``) plus a holder
 process started inside it with its own mount, UTS, IPC and PID namespaces
 (``lab_init.py`` is PID 1 there and runs the host's sshd). Cables are veth
 pairs created straight into the two hosts' namespaces, so the machine's own
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from meshkit.lab_spec import (
+    HEAD_NAME,
     HOST_BRIDGE,
     HOST_MGMT_PORT,
     HOST_PORT_PREFIX,
@@ -119,8 +121,8 @@ class Lab:
         self.ssh_timeout = ssh_timeout
         self.settle_timeout = settle_timeout
         self.hosts_file = hosts_file
-        # <lab>-boot<i>: a host's next network namespace while it reboots.
-        self.netns_re = re.compile(rf"^{re.escape(plan.name)}-(node|boot)[0-9]+$")
+        # <lab>-boot<i>: a host's next network namespace while it reboots (the head's i is N+1).
+        self.netns_re = re.compile(rf"^{re.escape(plan.name)}-((node|boot)[0-9]+|{HEAD_NAME})$")
         self.root_port_re = re.compile(rf"^{re.escape(plan.name)}-m[0-9]+$")
 
     # ---- paths -------------------------------------------------------------
@@ -266,7 +268,7 @@ class Lab:
                 problems.append(f"{host.name}: its holder process is gone")
                 continue
             names = {link["ifname"] for link in ip_json("-n", host.netns, "link", "show")}
-            wanted = {"lo", HOST_MGMT_PORT, HOST_BRIDGE, *host.ports}
+            wanted = host_links(host)
             if names != wanted:
                 problems.append(f"{host.name}: has ports {sorted(names)}, expected {sorted(wanted)}")
         if problems:
@@ -358,15 +360,16 @@ class Lab:
         if self.plan.network_daemon != "none":
             return
         prefix = ipaddress.IPv4Network(self.plan.mgmt_subnet).prefixlen
-        cmds = [
-            "link set lo up",
-            f"link add {HOST_BRIDGE} type bridge stp_state 1 "
-            + " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items()),
-        ]
-        for port in h.ports:
-            cmds += [f"link set {port} master {HOST_BRIDGE}", f"link set {port} up"]
+        cmds = ["link set lo up"]
+        if HOST_BRIDGE in host_links(h):
+            cmds.append(
+                f"link add {HOST_BRIDGE} type bridge stp_state 1 "
+                + " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items())
+            )
+            for port in h.ports:
+                cmds += [f"link set {port} master {HOST_BRIDGE}", f"link set {port} up"]
+            cmds.append(f"link set {HOST_BRIDGE} up")
         cmds += [
-            f"link set {HOST_BRIDGE} up",
             f"addr add {h.mgmt_ip}/{prefix} dev {HOST_MGMT_PORT}",
             f"link set {HOST_MGMT_PORT} up",
         ]
@@ -478,9 +481,14 @@ class Lab:
         """The factory systemd-networkd configuration of a host: what the lab builds."""
         prefix = ipaddress.IPv4Network(self.plan.mgmt_subnet).prefixlen
         head = f"# Factory configuration of lab host {h.name} (meshkit lab {self.plan.name}).\n"
-        return {
+        mgmt = {
             "10-mgmt0.network": head + f"[Match]\nName={HOST_MGMT_PORT}\n\n[Network]\nAddress={h.mgmt_ip}/{prefix}\n"
             "LinkLocalAddressing=ipv6\nIPv6AcceptRA=no\n",
+        }
+        if HOST_BRIDGE not in host_links(h):
+            return mgmt  # the head node: its management port alone
+        return {
+            **mgmt,
             f"20-{HOST_BRIDGE}.netdev": head + f"[NetDev]\nName={HOST_BRIDGE}\nKind=bridge\n\n[Bridge]\nSTP=yes\n"
             f"HelloTimeSec={STP_TIMERS['hello_time']}\nMaxAgeSec={STP_TIMERS['max_age']}\n"
             f"ForwardDelaySec={STP_TIMERS['forward_delay']}\n",
@@ -795,7 +803,7 @@ class Lab:
         if not pid or not (root / "state").exists():
             return ["systemd-networkd has not started (no /run/systemd/netif/state)"]
         missing = []
-        if not any(link["ifname"] == HOST_BRIDGE for link in links):
+        if HOST_BRIDGE in host_links(host) and not any(link["ifname"] == HOST_BRIDGE for link in links):
             missing.append(f"{HOST_BRIDGE}: not created yet (20-{HOST_BRIDGE}.netdev)")
         for link in links:
             try:
@@ -980,7 +988,10 @@ class Lab:
         for cable in data["cables"]:
             for end in cable["ends"]:
                 end["mac"] = macs.get(end["host"], {}).get(end["port"], "")
+        # The templates ask every host whether it is the head node, and the lab for its head's name.
+        data.setdefault("head", None)
         for host in data["hosts"]:
+            host.setdefault("head", False)
             host["state_dir"] = str(self.state_dir(host["name"]))
             host["holder_pid"] = state.get("holders", {}).get(host["name"])
         data["known_hosts"] = state.get("known_hosts", [])
@@ -1006,11 +1017,22 @@ def machine_cgroups(mounts: str = "/proc/self/mounts") -> list[list[str]]:
     return out
 
 
+def host_links(host: Host) -> set[str]:
+    """The interfaces a host has once built: lo, its management port and, unless it is the head
+    node (a login node, without cables or a Thunderbolt Bridge), bridge0 and its cable ports."""
+    if host.head:
+        return {"lo", HOST_MGMT_PORT}
+    return {"lo", HOST_MGMT_PORT, HOST_BRIDGE, *host.ports}
+
+
 def describe_change(before: dict[str, Any], after: dict[str, Any]) -> str:
     parts = []
     for key in ("size", "shape", "link_rate", "mgmt_subnet", "access", "names", "network_daemon"):
         if before.get(key) != after.get(key):
             parts.append(f"{key} {before.get(key)} -> {after.get(key)}")
+    if before.get("head") != after.get("head"):
+        # Absent from the record of a lab without a head (and of one built before lab_head existed).
+        parts.append("head node " + ("added" if after.get("head") else "removed"))
     if before.get("cables") != after.get("cables"):
         parts.append(
             f"cables {len(before.get('cables', []))} -> {len(after.get('cables', []))}"

@@ -32,6 +32,9 @@ NETWORK_DAEMONS = ("none", "networkd")
 LAB_USER = "meshadmin"
 # lab_names: host names are <host>.<lab>.meshkit.test (.test is reserved: RFC 2606, RFC 6761).
 NAME_SUFFIX = "meshkit.test"
+# lab_head: one more host, with no cables and outside the inventory's cluster group, standing in for
+# a cluster's head (login, Slurm controller) node. Its name is also its inventory group's.
+HEAD_NAME = "head"
 
 
 class LabSpecError(ValueError):
@@ -100,6 +103,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "lab_mgmt_subnet": {"type": "string", "required": True, "check_with": "ipv4_network"},
     "lab_access": {"type": "string", "default": "root", "allowed": list(ACCESS)},
     "lab_names": {"type": "boolean", "default": False, "coerce": _bool},
+    "lab_head": {"type": "boolean", "default": False, "coerce": _bool},
     "lab_network_daemon": {"type": "string", "default": "none", "allowed": list(NETWORK_DAEMONS)},
 }
 
@@ -113,6 +117,7 @@ HINTS = {
     "lab_mgmt_subnet": "use an IPv4 network such as 198.18.0.0/24",
     "lab_access": "use root (the inventory logs in as root) or sudo (as " + LAB_USER + ", with become)",
     "lab_names": "use true (hosts reached by name) or false (by address)",
+    "lab_head": f"use true (one more host, {HEAD_NAME}, with no cables, outside the cluster group) or false",
     "lab_network_daemon": "use none (the lab configures the network) or networkd (each host's systemd-networkd)",
 }
 
@@ -173,6 +178,8 @@ class Host:
     mgmt_root_port: str
     ports: tuple[str, ...]
     fqdn: str = ""
+    # The head node (lab_head): no ports, no cables, not in the inventory's cluster group.
+    head: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,13 +205,25 @@ class LabPlan:
     def login_user(self) -> str:
         return LAB_USER if self.access == "sudo" else "root"
 
+    @property
+    def nodes(self) -> tuple[Host, ...]:
+        """The cabled hosts node1..nodeN (the inventory's cluster group): every host but the head."""
+        return tuple(h for h in self.hosts if not h.head)
+
+    @property
+    def head(self) -> Host | None:
+        """The head node, when the lab has one (lab_head)."""
+        return next((h for h in self.hosts if h.head), None)
+
     def ssh_name(self, host: Host) -> str:
         """What the inventory's ansible_host (and ssh_config's HostName) says for a host."""
         return host.fqdn if self.names else host.mgmt_ip
 
     def as_dict(self) -> dict[str, Any]:
-        """The plan as plain data: what the state file records and the module returns."""
-        return {
+        """The plan as plain data: what the state file records and the module returns. A lab
+        without a head gives exactly what it gave before lab_head existed (keys about the head
+        appear only with one), so the record of a lab built earlier still matches its plan."""
+        data: dict[str, Any] = {
             "name": self.name,
             "size": self.size,
             "shape": self.shape,
@@ -227,6 +246,7 @@ class LabPlan:
                     "ports": list(h.ports),
                     "fqdn": h.fqdn,
                     "ssh_name": self.ssh_name(h),
+                    **({"head": True} if h.head else {}),
                 }
                 for h in self.hosts
             ],
@@ -241,6 +261,10 @@ class LabPlan:
                 for c in self.cables
             ],
         }
+        head = self.head
+        if head is not None:
+            data["head"] = head.name
+        return data
 
 
 def shape_pairs(shape: str, size: int) -> list[tuple[int, int]]:
@@ -293,10 +317,13 @@ def validate(params: dict[str, Any]) -> dict[str, Any]:
 
     subnet = ipaddress.IPv4Network(doc["lab_mgmt_subnet"])
     usable = subnet.num_addresses - 2 if subnet.prefixlen < 31 else 0
-    if usable < size + 1:
+    head = bool(doc.get("lab_head"))
+    needed = size + 1 + (1 if head else 0)
+    if usable < needed:
+        who = f"{size} hosts, the head node and the controller" if head else f"{size} hosts and the controller"
         problems.append(
             f"lab_mgmt_subnet = {doc['lab_mgmt_subnet']!r}: holds {usable} host addresses, but "
-            f"{size} hosts and the controller need {size + 1}; use a larger network such as a /24"
+            f"{who} need {needed}; use a larger network such as a /24"
         )
     if problems:
         raise LabSpecError(problems)
@@ -339,6 +366,21 @@ def plan(doc: dict[str, Any]) -> LabPlan:
         )
         for i in sorted(host_names)
     )
+    if doc.get("lab_head"):
+        # One more host after nodeN: the next management address, no ports, no cables.
+        i = size + 1
+        hosts += (
+            Host(
+                index=i,
+                name=HEAD_NAME,
+                netns=f"{name}-{HEAD_NAME}",
+                mgmt_ip=str(first + i),
+                mgmt_root_port=f"{name}-m{i}",
+                ports=(),
+                fqdn=f"{HEAD_NAME}.{name}.{NAME_SUFFIX}",
+                head=True,
+            ),
+        )
     return LabPlan(
         name=name,
         size=size,

@@ -42,7 +42,9 @@ options:
     choices: [present, absent]
     default: present
   size:
-    description: Number of hosts (2-64). Defaults to 4, or to the highest host in O(cables).
+    description:
+      - Number of cabled hosts (2-64), C(node1) to C(node<size>). Defaults to 4, or to the highest host in O(cables).
+      - The head node of O(head) is one more, not counted here.
     type: raw
   shape:
     description: Cabling when O(cables) is empty.
@@ -87,6 +89,15 @@ options:
         host (its own C(/etc/hosts)). Host keys are collected and checked by name.
     type: bool
     default: false
+  head:
+    description:
+      - V(true) - the lab has one more host after the cabled ones, C(head) (C(head.<lab>.meshkit.test)), standing
+        in for a cluster's head (login, Slurm controller) node. It has no cables, no cable ports and no C(bridge0),
+        only its management port, with the next management address after the last node's; namespace
+        V(<name>-head). Otherwise it is a lab host as every other (own namespaces, hostname, sshd, users, own
+        directories, names). The role's inventory puts it in its own group C(head), outside the group C(cluster).
+    type: bool
+    default: false
   network_daemon:
     description:
       - V(none) - the lab sets up every host's factory network itself (bridge0 with the ports, the management
@@ -99,7 +110,7 @@ options:
     default: none
   reboot:
     description:
-      - Hosts to reboot (names such as V(node2)). Their processes end, their runtime network state is gone,
+      - Hosts to reboot (names such as V(node2), or V(head)). Their processes end, their runtime network state is gone,
         and only their own boot brings anything back; the module returns once the lab is settled again.
         The lab must be built as asked.
     type: list
@@ -148,9 +159,14 @@ lab:
   type: dict
   contains:
     hosts:
-      description: Per host its name, namespace, management address, ports, state directory and holder PID.
+      description:
+        - Per host its name, namespace, management address, ports, state directory, holder PID and whether it is
+          the head node (C(head)); the head, when there is one, comes last.
       type: list
       elements: dict
+    head:
+      description: The head node's name (C(head)) when O(head=true), else null.
+      type: str
     cables:
       description: Per cable its two ends (host, port and, when built, the port's MAC address).
       type: list
@@ -198,8 +214,11 @@ else:
 
 
 def summary(plan_dict: dict) -> str:
+    head = next((h for h in plan_dict["hosts"] if h.get("head")), None)
     lines = [
-        f"lab {plan_dict['name']}: {plan_dict['size']} hosts, {plan_dict['shape']}, "
+        f"lab {plan_dict['name']}: {plan_dict['size']} hosts"
+        + (f" and a head node ({head['name']}, {head['mgmt_ip']}, no cables)" if head else "")
+        + f", {plan_dict['shape']}, "
         f"{len(plan_dict['cables'])} cables, link rate {plan_dict['link_rate'] or 'unlimited'}, "
         f"management {plan_dict['mgmt_subnet']}"
     ]
@@ -225,6 +244,7 @@ def main() -> None:
             "settle_timeout": {"type": "int", "default": 60},
             "access": {"type": "str", "default": "root", "choices": ["root", "sudo"]},
             "names": {"type": "bool", "default": False},
+            "head": {"type": "bool", "default": False},
             "network_daemon": {"type": "str", "default": "none", "choices": ["none", "networkd"]},
             "reboot": {"type": "list", "elements": "str", "default": []},
             "hosts_file": {"type": "path", "default": "/etc/hosts"},
@@ -250,6 +270,7 @@ def main() -> None:
                 "lab_mgmt_subnet": p["mgmt_subnet"],
                 "lab_access": p["access"],
                 "lab_names": p["names"],
+                "lab_head": p["head"],
                 "lab_network_daemon": p["network_daemon"],
             }
         )

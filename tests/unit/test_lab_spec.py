@@ -170,3 +170,95 @@ def test_sudo_and_names_from_extra_vars():
 def test_bad_access_names_daemon(overrides, expected):
     found = problems(**overrides)
     assert any(expected in p for p in found), found
+
+
+def test_lab_head_defaults_to_false_and_changes_nothing():
+    doc = validate(params())
+    assert doc["lab_head"] is False
+    lab = plan(doc)
+    assert lab.head is None
+    assert lab.nodes == lab.hosts
+    data = lab.as_dict()
+    # A lab without a head plans exactly what it planned before lab_head existed: the record of a
+    # lab built then still matches (no rebuild), so no key about the head appears.
+    assert "head" not in data
+    assert all("head" not in h for h in data["hosts"])
+    assert data == plan(validate(params(lab_head="false"))).as_dict()
+
+
+@pytest.mark.parametrize("given", [True, "true", "yes", "on", "1", " True "])
+def test_lab_head_is_coerced_from_extra_vars_strings(given):
+    assert validate(params(lab_head=given))["lab_head"] is True
+
+
+@pytest.mark.parametrize("given", ["maybe", 2, ["true"]])
+def test_bad_lab_head_names_field_value_and_what_to_use(given):
+    found = problems(lab_head=given)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"lab_head = {given!r}: must be of boolean type; use true (one more host, head")
+
+
+def test_head_is_one_more_host_after_the_nodes_with_no_ports_and_the_same_cables():
+    without = plan(validate(params(lab_name="hd", lab_size=4, lab_shape="ring", lab_mgmt_subnet="198.19.91.0/24")))
+    lab = plan(
+        validate(
+            params(lab_name="hd", lab_size="4", lab_shape="ring", lab_mgmt_subnet="198.19.91.0/24", lab_head="true")
+        )
+    )
+    assert lab.size == 4  # lab_size keeps counting the cabled hosts
+    assert [h.name for h in lab.hosts] == ["node1", "node2", "node3", "node4", "head"]
+    assert lab.nodes == without.hosts
+    head = lab.hosts[-1]
+    assert lab.head == head
+    assert (head.head, head.index, head.ports) == (True, 5, ())
+    assert (head.netns, head.mgmt_root_port, head.fqdn) == ("hd-head", "hd-m5", "head.hd.meshkit.test")
+    assert head.mgmt_ip == "198.19.91.6"  # the next after node4's 198.19.91.5
+    assert not any(h.head for h in lab.nodes)
+    # The cabling is computed over node1..node4 exactly as without a head; no cable touches it.
+    assert lab.cables == without.cables
+    assert lab.shape == without.shape == "ring"
+    assert all("head" not in (c.a.host, c.b.host) for c in lab.cables)
+    # Every address and machine-side name is distinct.
+    assert len({h.mgmt_ip for h in lab.hosts} | {lab.controller_ip}) == 6
+    assert len({h.netns for h in lab.hosts}) == len({h.mgmt_root_port for h in lab.hosts}) == 5
+
+
+def test_head_in_the_plan_as_data():
+    lab = plan(validate(params(lab_size=2, lab_head=True, lab_names=True, lab_access="sudo")))
+    data = lab.as_dict()
+    assert data["head"] == "head"
+    assert data["size"] == 2
+    assert data["hosts"][-1] == {
+        "index": 3,
+        "name": "head",
+        "netns": "lab-head",
+        "mgmt_ip": "198.18.0.4",
+        "mgmt_root_port": "lab-m3",
+        "ports": [],
+        "fqdn": "head.lab.meshkit.test",
+        "ssh_name": "head.lab.meshkit.test",
+        "head": True,
+    }
+    assert all("head" not in h for h in data["hosts"][:-1])
+    # Adding or removing the head makes a built lab differ from its plan (it is built again).
+    assert data != plan(validate(params(lab_size=2, lab_names=True, lab_access="sudo"))).as_dict()
+
+
+def test_head_with_explicit_cables():
+    lab = plan(validate(params(lab_cables=[[1, 2], [2, 3]], lab_head="yes")))
+    assert lab.size == 3
+    assert [h.name for h in lab.hosts] == ["node1", "node2", "node3", "head"]
+    assert lab.hosts[-1].mgmt_ip == "198.18.0.5"
+
+
+def test_subnet_too_small_is_refused_counting_the_head():
+    # A /29 holds 6 host addresses: 5 nodes and the controller fit; with the head they do not.
+    assert plan(validate(params(lab_size=5, lab_mgmt_subnet="198.18.0.0/29"))).hosts[-1].mgmt_ip == "198.18.0.6"
+    found = problems(lab_size=5, lab_mgmt_subnet="198.18.0.0/29", lab_head="true")
+    assert found == [
+        "lab_mgmt_subnet = '198.18.0.0/29': holds 6 host addresses, but 5 hosts, the head node and the "
+        "controller need 7; use a larger network such as a /24"
+    ]
+    assert problems(lab_size=6, lab_mgmt_subnet="198.18.0.0/29")[0].endswith(
+        "6 hosts and the controller need 7; use a larger network such as a /24"
+    )
