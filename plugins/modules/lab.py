@@ -95,7 +95,7 @@ options:
         in for a cluster's head (login, Slurm controller) node. It has no cables, no cable ports and no C(bridge0),
         only its management port, with the next management address after the last node's; namespace
         V(<name>-head). Otherwise it is a lab host as every other (own namespaces, hostname, sshd, users, own
-        directories, names). The role's inventory puts it in its own group C(head), outside the group C(cluster).
+        directories, names). The role's inventory puts it in its own group C(heads), outside the group C(cluster).
     type: bool
     default: false
   network_daemon:
