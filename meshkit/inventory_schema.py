@@ -83,7 +83,10 @@ HINTS = {
     "meshkit_meshccl_venv": "give an absolute path for meshccl's virtual environment (default: <state_dir>/meshccl)",
     "meshkit_meshccl_python": "name the host's Python 3.9 or later that makes meshccl's environment",
     "meshkit_slurm": "true (setup.yml sets up Slurm: munge, slurmctld, slurmd) or false",
-    "meshkit_slurm_controller": "name the cluster host slurmctld runs on, or leave it unset for the ring's first host",
+    "meshkit_slurm_controller": (
+        "name the inventory host slurmctld runs on (a cluster host, or a head node outside the cluster's group), "
+        "or leave it unset for the ring's first host"
+    ),
     "meshkit_slurm_partition": "letters, digits, '_' or '-' (the name of Slurm's one partition)",
     "meshkit_slurm_munge_key": (
         "give the path of a munge key on the controller, or leave it unset to use the slurmctld host's"
@@ -185,3 +188,20 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
             )
     problems = [f"{', '.join(sorted(set(hosts), key=natural_key))}: {text}" for text, hosts in grouped.items()]
     return normalised, problems
+
+
+def slurm_controller_problems(normalised: dict[str, dict[str, Any]], inventory_hosts: set[str]) -> list[str]:
+    """meshkit_slurm_controller must name a host Ansible can reach: one of the inventory's (a cluster host, or
+    a head node in a group of its own). Checked before anything changes, as the other problems are."""
+    hosts: dict[str, list[str]] = {}
+    for host, cfg in normalised.items():
+        controller = cfg.get("meshkit_slurm_controller")
+        known = controller in inventory_hosts or controller in normalised
+        if cfg.get("meshkit_slurm") and controller and not known:
+            hosts.setdefault(controller, []).append(host)
+    return [
+        f"{', '.join(sorted(names, key=natural_key))}: meshkit_slurm_controller = {controller!r}: not a host of the "
+        "inventory; name a cluster host, or add the head node slurmctld runs on to the inventory in a group of its own "
+        "(outside the cluster's group; for the controller itself: localhost with ansible_connection=local)"
+        for controller, names in sorted(hosts.items())
+    ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ansible.plugins.action import ActionBase
 
 try:  # the controller package (pip install meshkit)
-    from meshkit.inventory_schema import validate_hosts
+    from meshkit.inventory_schema import slurm_controller_problems, validate_hosts
 except ImportError as exc:
     MESHKIT_IMPORT_ERROR: ImportError | None = exc
 else:
@@ -42,6 +42,7 @@ class ActionModule(ActionBase):
             hv = hostvars[host]
             given[host] = {**{key: hv[key] for key in hv if key.startswith("meshkit_")}, **play}
         normalised, problems = validate_hosts(given)
+        problems += slurm_controller_problems(normalised, set(task_vars.get("groups", {}).get("all", [])))
         result["changed"] = False
         result["problems"] = problems
         if problems:

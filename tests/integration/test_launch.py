@@ -41,8 +41,12 @@ VENV = "/var/lib/meshkit/meshccl"  # each lab host's own meshccl (its /var/lib/m
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, Path]]:
     """A 4-host mesh reached the way real clusters are: hosts by name (ansible_host resolves on the
     controller and on the hosts, each of which maps its own short name to 127.0.1.1), as the login
-    user meshadmin with sudo (root cannot log in; setup.yml becomes root, jobs run as meshadmin)."""
-    handle = new_lab(f"mkt{os.getpid() % 1000}l", lab_size=4, lab_shape="mesh", lab_access="sudo", lab_names=True)
+    user meshadmin with sudo (root cannot log in; setup.yml becomes root, jobs run as meshadmin).
+    Plus an uncabled head node outside the cluster's group (inventory group `heads`): Slurm's
+    slurmctld runs there, as on clusters whose login node is not a compute node."""
+    handle = new_lab(
+        f"mkt{os.getpid() % 1000}l", lab_size=4, lab_shape="mesh", lab_access="sudo", lab_names=True, lab_head=True
+    )
     artifacts = tmp_path_factory.mktemp("launch-artifacts")
     try:
         built = handle.up()
@@ -53,8 +57,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, P
         inventory = yaml.safe_load(handle.inventory.read_text())
         for node in HOST_BUILT:
             inventory["all"]["children"]["cluster"]["hosts"][node]["meshkit_meshccl_build_on"] = "group"
-        # Slurm too (the slurm role): its tests are at the end of this file.
+        # Slurm too (the slurm role), slurmctld on the head node: its tests are at the end of this file.
         inventory["all"]["vars"]["meshkit_slurm"] = True
+        inventory["all"]["vars"]["meshkit_slurm_controller"] = HEAD
         # Where setup.yml and every launch keep plan.json and the logs: in the inventory, so that a
         # `meshkit launch` without -e can plan from the checks it remembered (the Slurm tests do).
         inventory["all"]["vars"]["meshkit_artifacts_dir"] = str(artifacts)
@@ -69,6 +74,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, P
 
 
 HOST_BUILT = ("node3", "node4")
+HEAD = "head"  # the lab's head node: slurmctld, no cables, not a cluster host
 WHEEL_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "meshkit" / "meshccl-wheels"
 
 
@@ -114,7 +120,9 @@ def launch(lab: tuple[LabHandle, Path], **variables: Any) -> tuple[int, str, dic
 
 
 def holders(handle: LabHandle) -> dict[str, int]:
-    return json.loads((handle.dir / "state.json").read_text())["holders"]
+    """Each cluster host's namespace holder (this machine's pid); the head node is not a cluster host."""
+    cluster = handle.hosts()
+    return {h: pid for h, pid in json.loads((handle.dir / "state.json").read_text())["holders"].items() if h in cluster}
 
 
 def links_as_seen(handle: LabHandle) -> str:
@@ -171,8 +179,9 @@ def test_setup_by_name_as_a_sudo_user_converged_is_idempotent_and_check_changes_
     hosts = handle.hosts()
     assert all(h["ansible_host"] == f"{n}.{handle.name}.meshkit.test" for n, h in hosts.items()), hosts
     found = handle.ansible(
-        "-b", "-m", "meshkit.cluster.management", "-a", "host={{ inventory_hostname }} address={{ ansible_host }}"
-    )
+        "-b", "-m", "meshkit.cluster.management", "-a", "host={{ inventory_hostname }} address={{ ansible_host }}",
+        pattern="cluster",
+    )  # fmt: skip
     assert found.returncode == 0, found.stdout + found.stderr
     # The result (ansible.cfg prints it as YAML): per host, the interface it established.
     assert sorted(re.findall(r"^(\S+) \| SUCCESS", found.stdout, re.M)) == sorted(hosts), found.stdout
@@ -183,8 +192,13 @@ def test_setup_by_name_as_a_sudo_user_converged_is_idempotent_and_check_changes_
     before = {n: ip_json("-n", h["meshkit_lab_netns"], "addr", "show") for n, h in hosts.items()}
     again = run_playbook("setup.yml", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory))
     assert again.rc == 0, again.output
-    assert set(again.recap) == set(hosts) and again.changed == 0, again.output
+    # The head node takes part in Slurm's play only (slurmctld).
+    assert set(again.recap) == set(hosts) | {HEAD} and again.changed == 0, again.output
     assert "TASK [meshkit.cluster.slurm : Run slurmd (restarted where" in again.output, again.output
+    assert task_lines(again.output, "meshkit.cluster.slurm : Run slurmctld") == [
+        f"ok: [{HEAD}]",
+        *(f"skipping: [{h}]" for h in sorted(hosts)),
+    ], again.output
     assert re.search(r"node1: management mgmt0 \(never touched\)", again.output), again.output
     check = run_playbook(
         "setup.yml", "--check", "--diff", "-e", f"meshkit_artifacts_dir={artifacts}", inventory=str(handle.inventory)
@@ -209,7 +223,7 @@ def test_discovery_as_the_login_user_finds_every_cable_from_empty_neighbour_tabl
         sh("ip", "-n", vars_["meshkit_lab_netns"], "-6", "neigh", "flush", "all")
     found = handle.ansible(
         "-m", "meshkit.cluster.discover", "-a", json.dumps({"peer_ports": ["tb*"], "management_interface": "mgmt0"}),
-        "-o",
+        "-o", pattern="cluster",
     )  # fmt: skip
     assert found.returncode == 0, found.stdout + found.stderr
     ports = {}
@@ -1100,7 +1114,7 @@ def test_ranks_run_as_the_login_user_in_a_job_directory_of_its_own(lab):
     world-writable; a host whose state directory lacks it is refused naming the fix."""
     handle, _ = lab
     jobs = "/var/lib/meshkit/jobs"
-    shown = handle.ansible("-m", "ansible.builtin.command", "-a", f"stat -c '%U %a' {jobs}")
+    shown = handle.ansible("-m", "ansible.builtin.command", "-a", f"stat -c '%U %a' {jobs}", pattern="cluster")
     assert shown.stdout.count("root 1777") == 4, shown.stdout
     script = 'echo "$(id -un) in $(stat -c "%U %a" /var/lib/meshkit/jobs/$MESHKIT_JOB_ID)"'
     rc, output, summary = launch(lab, launch_program=["sh", "-c", script], launch_runtime="plain")
@@ -1116,7 +1130,9 @@ def test_ranks_run_as_the_login_user_in_a_job_directory_of_its_own(lab):
         assert f"node3: cannot start the job: cannot create {jobs} as meshadmin" in output, output
         assert f"run setup.yml, or as root: install -d -m 1777 {jobs}" in output, output
     finally:
-        fixed = handle.ansible("-b", "-m", "ansible.builtin.file", "-a", f"path={jobs} state=directory mode=01777")
+        fixed = handle.ansible(
+            "-b", "-m", "ansible.builtin.file", "-a", f"path={jobs} state=directory mode=01777", pattern="cluster"
+        )  # fmt: skip
         assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
@@ -1735,20 +1751,30 @@ def nothing_left(handle: LabHandle, marker: str) -> None:
 
 
 def test_slurm_has_four_idle_nodes_one_munge_key_and_a_topology_from_the_cabling(lab):
-    """setup.yml with meshkit_slurm: true (the fixture's; test_setup_by_name_... shows a second run
-    changes nothing, the role included): every node idle, one munge key everywhere, slurm.conf from
-    each host's own slurmd -C, topology.conf from the cabling (a full mesh: one switch)."""
+    """setup.yml with meshkit_slurm: true and slurmctld on the head node (the fixture's;
+    test_setup_by_name_... shows a second run changes nothing, the role included): every compute node
+    idle (the head is not one), one munge key everywhere, slurmctld on the head only and slurmd on the
+    cluster's hosts only, slurm.conf from each host's own slurmd -C, topology.conf from the cabling
+    (a full mesh: one switch)."""
     handle, artifacts = lab
-    sinfo = on_node(handle, "node2", "sinfo --noheader --Node --format='%N %T %c %P'")
-    assert sorted(sinfo.split("\n")[:4]) == [f"node{i} idle 2 meshkit*" for i in range(1, 5)], sinfo
+    for host in ("node2", HEAD):
+        sinfo = on_node(handle, host, "sinfo --noheader --Node --format='%N %T %c %P'")
+        assert sorted(sinfo.strip().split("\n")) == [f"node{i} idle 2 meshkit*" for i in range(1, 5)], (host, sinfo)
+    # Each lab host has its own PID namespace: pgrep sees that host's daemons only.
+    look = "for d in slurmctld slurmd munged; do pgrep -x $d >/dev/null && echo $d; done; true"
+    daemons = {h: on_node(handle, h, look).split() for h in [*handle.hosts(), HEAD]}
+    assert daemons == {HEAD: ["slurmctld", "munged"], **{h: ["slurmd", "munged"] for h in handle.hosts()}}, daemons
     keys = {h: on_node(handle, h, "sha256sum /etc/munge/munge.key; stat -c '%U %a' /etc/munge/munge.key", True)
-            for h in handle.hosts()}  # fmt: skip
+            for h in [*handle.hosts(), HEAD]}  # fmt: skip
     assert len({k.split()[0] for k in keys.values()}) == 1, keys
     assert all(k.split("\n")[1] == "munge 400" for k in keys.values()), keys
     kept = artifacts / "secrets" / "munge.key"
     assert oct(kept.stat().st_mode & 0o777) == "0o600" and oct(kept.parent.stat().st_mode & 0o777) == "0o700"
     assert hashlib.sha256(kept.read_bytes()).hexdigest() == next(iter(keys.values())).split()[0]
     conf = on_node(handle, "node3", "cat /etc/slurm/slurm.conf")
+    assert on_node(handle, HEAD, "cat /etc/slurm/slurm.conf") == conf
+    head_addr = yaml.safe_load(handle.inventory.read_text())["all"]["children"]["heads"]["hosts"][HEAD]["ansible_host"]
+    assert f"\nSlurmctldHost={HEAD}({head_addr})\n" in conf and f"NodeName={HEAD}" not in conf, conf
     hardware = on_node(handle, "node3", "slurmd -C | head -1", True).split(maxsplit=1)[1].strip()
     assert f"NodeName=node3 NodeAddr={handle.hosts()['node3']['ansible_host']} {hardware} State=UNKNOWN" in conf, (
         conf,
@@ -1802,7 +1828,7 @@ def test_a_failing_rank_fails_the_slurm_job_naming_it_and_nothing_is_left(lab):
 
 
 def test_scancel_and_ctrl_c_stop_every_rank_of_a_slurm_job(lab):
-    """scancel of the running job (by its name, as its user, from another host), then Ctrl-C on
+    """scancel of the running job (by its name, as its user, from the head node), then Ctrl-C on
     meshkit launch: each time every rank on every host stops and nothing is left in Slurm's queue."""
     handle, _ = lab
     for how in ("scancel", "ctrl-c"):
@@ -1823,9 +1849,10 @@ def test_scancel_and_ctrl_c_stop_every_rank_of_a_slurm_job(lab):
             kill_if_running(proc)
             raise
         if how == "scancel":
-            name = on_node(handle, "node3", "squeue --noheader --format=%j").strip()
+            # From the head node, as a user on a login node would.
+            name = on_node(handle, HEAD, "squeue --noheader --format=%j").strip()
             assert name.startswith("meshkit-"), name
-            on_node(handle, "node3", f"scancel --name={name}")
+            on_node(handle, HEAD, f"scancel --name={name}")
         else:
             proc.send_signal(signal.SIGINT)
         out = finished(proc, within=60)
@@ -1838,13 +1865,14 @@ def test_scancel_and_ctrl_c_stop_every_rank_of_a_slurm_job(lab):
 
 
 def test_a_users_own_srun_forms_the_meshccl_job_from_slurms_environment(lab):
-    """No meshkit launch: the login user's own srun (block distribution, 2 tasks per node) of a
-    meshccl program with a token; meshccl takes the layout from Slurm's environment and the hostfile
-    setup.yml wrote (/var/lib/meshkit/hostfiles/meshccl.json): all_reduce exact, ranks in ring order."""
+    """No meshkit launch: the login user's own srun on the head node (block distribution, 2 tasks per
+    node) of a meshccl program with a token; meshccl takes the layout from Slurm's environment and the
+    hostfile setup.yml wrote on the nodes (/var/lib/meshkit/hostfiles/meshccl.json): all_reduce exact,
+    ranks in ring order."""
     handle, artifacts = lab
     out = on_node(
         handle,
-        "node2",
+        HEAD,
         "export MESHCCL_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n') MESHKIT_WORLD_SIZE=8; "
         f"srun --nodes=4 --ntasks-per-node=2 --label {VENV}/bin/python3 {PROGRAMS / 'meshccl_allreduce.py'}",
     )

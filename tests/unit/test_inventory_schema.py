@@ -202,3 +202,27 @@ def test_non_thunderbolt_fabric_needs_peer_ports():
     problem = only_problem({"node1": {"meshkit_fabric": "ethernet"}})
     assert problem.startswith("node1: meshkit_peer_ports is empty")
     assert validate_hosts({"node1": {"meshkit_fabric": "ethernet", "meshkit_peer_ports": ["enp1s0f*"]}})[1] == []
+
+
+def test_the_slurmctld_host_must_be_a_host_of_the_inventory():
+    from meshkit.inventory_schema import slurm_controller_problems
+
+    slurm = {"meshkit_slurm": True}
+    # A cluster host, or a head node that is in the inventory outside the cluster's group: fine.
+    for controller in ("node2", "head"):
+        normalised, problems = validate_hosts(
+            {h: slurm | {"meshkit_slurm_controller": controller} for h in ("node1", "node2")}
+        )
+        assert problems == []
+        assert slurm_controller_problems(normalised, {"node1", "node2", "head"}) == []
+    # Unset: the ring's first host.
+    normalised, _ = validate_hosts({"node1": slurm, "node2": slurm})
+    assert slurm_controller_problems(normalised, {"node1", "node2"}) == []
+    # A name Ansible cannot reach is refused before anything changes, naming the field and what to do.
+    normalised, _ = validate_hosts({h: slurm | {"meshkit_slurm_controller": "login1"} for h in ("node1", "node2")})
+    (problem,) = slurm_controller_problems(normalised, {"node1", "node2"})
+    assert problem.startswith("node1, node2: meshkit_slurm_controller = 'login1': not a host of the inventory")
+    assert "in a group of its own" in problem and "localhost with ansible_connection=local" in problem
+    # Without meshkit_slurm the setting is not used, so not refused.
+    normalised, _ = validate_hosts({"node1": {"meshkit_slurm_controller": "login1"}})
+    assert slurm_controller_problems(normalised, {"node1"}) == []
