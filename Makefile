@@ -13,7 +13,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
 
 .PHONY: all demo demo-down test lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
-	meshccl-portable meshccl-macos bench bench-deps
+	meshccl-portable meshccl-macos bench bench-deps bench-scale
 
 # meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
 # under AddressSanitizer + UndefinedBehaviorSanitizer, each built in its own directory.
@@ -147,6 +147,13 @@ bench-deps: venv
 
 bench: bench-deps
 	$(BIN)/python bench/allreduce.py loopback $(BENCH_ARGS)
+
+## setup.yml (first run, no-change run) and launch.yml timed on lab rings of 4, 8, 16 and 32 hosts, per task
+## and per host (root; bench/README.md): bench/results/scale.{md,json,png}. About half an hour on this machine.
+## Extra flags: make bench-scale SCALE_ARGS="--sizes 4,8,16,32 --label before --reference"
+SCALE_ARGS ?=
+bench-scale: bench-deps
+	$(BIN)/python bench/scale.py $(SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .cache/meshccl collective/build "$${XDG_CACHE_HOME:-$$HOME/.cache}/meshkit/meshccl-wheels"

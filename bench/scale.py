@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from allreduce import say, terminate_as_interrupt, write_json
+from allreduce import say, terminate_as_interrupt
 from lab import REPO, Lab, LabError, ansible_env
 
 BENCH = Path(__file__).resolve().parent
@@ -268,7 +268,7 @@ def run_playbook(run: Run, timeout: float) -> Run:
 
         def expire() -> None:
             run.timed_out = True
-            _signal_group(proc.pid, signal.SIGKILL)
+            kill_tree(process_tree(proc.pid))
 
         timer = threading.Timer(timeout, expire)
         timer.start()
@@ -285,19 +285,58 @@ def run_playbook(run: Run, timeout: float) -> Run:
     return run
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
+def _proc_stat(pid: int) -> tuple[int, int, int] | None:
+    """(parent pid, process group, start time) from /proc/<pid>/stat; None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rpartition(")")[2].split()  # after "pid (comm)": state, ppid, pgrp, ..., starttime (19th)
+    return int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def process_tree(root: int) -> list[tuple[int, int, int]]:
+    """(pid, process group, start time) of root and all its descendants.
+
+    Ansible's workers call setsid(): each is its own session and process group, with what it runs (ssh,
+    a local module) in its group, so a signal to the playbook's group alone does not reach them.
+    """
+    stats = {int(e.name): st for e in Path("/proc").iterdir() if e.name.isdigit() and (st := _proc_stat(int(e.name)))}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            out.append((pid, stats[pid][1], stats[pid][2]))
+            todo += children.get(pid, [])
+    return out
+
+
+def kill_tree(tree: list[tuple[int, int, int]]) -> None:
+    """SIGKILL to every process of a process_tree() snapshot still there (same start time) and its group."""
+    own = os.getpgrp()
+    for pid, group, start in tree:
+        stat = _proc_stat(pid)
+        if stat is None or stat[2] != start:
+            continue  # gone (or its pid reused)
+        with contextlib.suppress(ProcessLookupError):
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Interrupted: SIGINT to the playbook (Ansible stops cleanly), SIGKILL if it is still there after 20 s."""
-    _signal_group(proc.pid, signal.SIGINT)
-    try:
+    """Interrupted: SIGINT to the playbook (Ansible stops its workers and says so), then SIGKILL to whatever of
+    its processes is left, at once or after 20 s."""
+    tree = process_tree(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_tree(tree)
+    proc.wait()
 
 
 # --- what the callback and the recap say ------------------------------------------------------------
@@ -349,6 +388,7 @@ def slowest(run: dict[str, Any], top: int = 15) -> list[dict[str, Any]]:
             {
                 "name": t["name"],
                 "role": t["role"] or "",
+                "where": where(t["path"]),
                 "play": t["play"],
                 "seconds": t["seconds"],
                 "hosts": len(t["hosts"]),
@@ -358,6 +398,25 @@ def slowest(run: dict[str, Any], top: int = 15) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def where(path: str) -> str:
+    """A task's file:line in the collection (or the checkout) when it is in it."""
+    _, found, inside = path.partition("ansible_collections/meshkit/cluster/")
+    if found:
+        return inside
+    prefix = f"{REPO}/"
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def wheel_builds(run: dict[str, Any]) -> float | None:
+    """Seconds of a controller meshccl wheel build in this run (a cold wheel cache), None if there was none."""
+    built = [
+        t["seconds"]
+        for t in run.get("tasks") or []
+        if t["action"].endswith("meshccl_wheel") and any(h.get("status") == "changed" for h in t["hosts"].values())
+    ]
+    return sum(built) if built else None
 
 
 def changed_tasks(run: dict[str, Any]) -> list[str]:
@@ -410,8 +469,12 @@ def fits(data: dict[str, Any]) -> dict[str, dict[str, float] | None]:
     return out
 
 
-def _table(head: list[str], rows: list[list[str]], align: str = "---:") -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join([":---", *[align] * (len(head) - 1)]) + "|"]
+def _table(head: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> list[str]:
+    """A markdown table; the columns in `left` are text (left-aligned), the others figures."""
+    out = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(":---" if i in left else "---:" for i in range(len(head))) + "|",
+    ]
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
@@ -489,6 +552,12 @@ def markdown(data: dict[str, Any], compare: tuple[dict[str, Any], dict[str, Any]
         for step, run in (s.get("runs") or {}).items():
             if run["failed"]:
                 lines.append(f"- {s['hosts']} hosts, {STEP_TITLES[step]}: failed (rc {run['rc']}); log {run['log']}")
+        for step, run in (s.get("runs") or {}).items():
+            if (built := wheel_builds(run)) is not None:
+                lines.append(
+                    f"- {s['hosts']} hosts, {STEP_TITLES[step]}: the controller built meshccl's wheel ({built:.1f} s; "
+                    "its cache was cold): this figure includes a build the other sizes may not"
+                )
         again = (s.get("runs") or {}).get("setup_again")
         if again and again["changed_total"]:
             lines.append(
@@ -543,7 +612,7 @@ def markdown(data: dict[str, Any], compare: tuple[dict[str, Any], dict[str, Any]
             rows = [
                 [
                     r["name"].replace("|", "\\|"),
-                    r["role"],
+                    f"`{r['where']}`",
                     f"{r['seconds']:.2f}",
                     str(r["hosts"]),
                     _num(r["host_max_s"], ".2f"),
@@ -552,8 +621,8 @@ def markdown(data: dict[str, Any], compare: tuple[dict[str, Any], dict[str, Any]
                 ]
                 for r in slowest(run)
             ]
-            head = ["task", "role", "time (s)", "hosts", "per host max (s)", "per host median (s)", "results"]
-            lines += [*_table(head, rows), ""]
+            head = ["task", "where", "time (s)", "hosts", "per host max (s)", "per host median (s)", "results"]
+            lines += [*_table(head, rows, left=(0, 1, 6)), ""]
     if compare:
         lines += compare_section(*compare)
     return "\n".join(lines) + "\n"
@@ -649,7 +718,8 @@ def write_report(data: dict[str, Any], json_path: Path, *, write_data: bool = Tr
     md, png = json_path.with_suffix(".md"), json_path.with_suffix(".png")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     if write_data:
-        write_json(json_path, data)
+        # Compact: every task of every host of every run (about 1 MB for 4-32 hosts); scale.md is the readable view.
+        json_path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     text = markdown(data, reference_pair())
     md.write_text(text)
     if echo:

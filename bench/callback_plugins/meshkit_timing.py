@@ -157,6 +157,7 @@ class CallbackModule(CallbackBase):
         directory = os.path.dirname(os.path.abspath(self._output))
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".timing-", suffix=".json")
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; it is a log like the others
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             json.dump(data, out, indent=1)
         os.replace(tmp, self._output)

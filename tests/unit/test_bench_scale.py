@@ -9,9 +9,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,13 +168,21 @@ def test_fit_line() -> None:
 # --- the report from made-up results ---------------------------------------------------------------------
 
 
-def _task(name: str, start: float, per_host: dict[str, float], status: str = "ok", role: str | None = None):
+def _task(
+    name: str,
+    start: float,
+    per_host: dict[str, float],
+    status: str = "ok",
+    path: str = "playbooks/setup.yml:9",
+    action: str = "x",
+):
     hosts = {
         h: {"queued": start, "done": start + s, "status": status, "items": 0, "retries": 0, "seconds": s}
         for h, s in per_host.items()
     }
     end = start + max(per_host.values())
-    return {"play": "Converge", "role": role, "name": name, "action": "x", "path": "p:1", "handler": False,
+    return {"play": "Converge", "role": None, "name": name, "action": action, "path": f"{scale.REPO}/{path}",
+            "handler": False,
             "start": start, "end": end, "seconds": end - start, "hosts": hosts}  # fmt: skip
 
 
@@ -186,7 +197,11 @@ def _data(label: str = "before", factor: float = 1.0) -> dict[str, Any]:
     sizes = []
     for n in (2, 4):
         hosts = [f"node{i}" for i in range(1, n + 1)]
-        slow = _task("Install meshccl", 1.0, {h: 2.0 * i for i, h in enumerate(hosts, 1)}, "changed", "meshccl")
+        venv = ".collections/ansible_collections/meshkit/cluster/roles/meshccl/tasks/main.yml:85"
+        slow = _task("Install meshccl", 1.0, {h: 2.0 * i for i, h in enumerate(hosts, 1)}, "changed", venv)
+        # The 2-host first run found the wheel cache cold: the controller built meshccl's wheel.
+        wheel = "changed" if n == 2 else "ok"
+        build = [_task("Build the wheel", 0.1, {"node1": 0.02}, wheel, action="meshkit.cluster.meshccl_wheel")]
         fast = [_task(f"Task {k}", 10.0 + k, dict.fromkeys(hosts, 0.05 + 0.01 * k)) for k in range(20)]
         again_tasks = [_task("Write hostfiles", 1.0, dict.fromkeys(hosts, 0.5), "changed" if n == 4 else "ok")]
         sizes.append(
@@ -195,7 +210,7 @@ def _data(label: str = "before", factor: float = 1.0) -> dict[str, Any]:
                 "lab": f"sc{n}",
                 "build_s": 5.0 + n,
                 "runs": {
-                    "setup_first": _run("setup_first", factor * (10 + 5 * n), 3 * n, [slow, *fast]),
+                    "setup_first": _run("setup_first", factor * (10 + 5 * n), 3 * n, [*build, slow, *fast]),
                     "setup_again": _run("setup_again", factor * (4 + 2 * n), n, again_tasks, changed=n * (n == 4)),
                     "launch": _run("launch", 3.0, 1.5, [], rc=2 if n == 4 else 0),
                 },
@@ -219,9 +234,11 @@ def test_markdown_table_growth_and_slowest_tasks() -> None:
     lines = md.splitlines()
     assert lines[0] == "# setup.yml and launch.yml against cluster size (before)"
     row = {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[2:-1]] for ln in lines if ln.startswith("| ")}
-    assert row["2"] == ["20.0", "6.0", "8.0", "2.0", "0", "3.00", "1.50", "21 / 1 / 0", "7.0"]
+    assert row["2"] == ["20.0", "6.0", "8.0", "2.0", "0", "3.00", "1.50", "22 / 1 / 0", "7.0"]
     assert row["4"][:6] == ["30.0", "12.0", "12.0", "4.0", "4", "FAILED (rc 2)"]
     assert "- 4 hosts, launch.yml: failed (rc 2); log logs/launch.log" in md
+    assert "- 2 hosts, setup.yml first run: the controller built meshccl's wheel (0.0 s" in md
+    assert "- 4 hosts, setup.yml first run: the controller built" not in md
     assert "- 4 hosts, no-change run changed 4: Write hostfiles: node1, node2, node3, node4" in md
     assert "| setup.yml first run (wall) | 5.000 | 10.00 | 1.000 | 2 |" in md
     assert "| launch.yml (wall) | — | — | — | 0 |" in md
@@ -230,8 +247,8 @@ def test_markdown_table_growth_and_slowest_tasks() -> None:
     first = section.split("### setup.yml first run")[1].split("###")[0]
     table = [ln for ln in first.splitlines() if ln.startswith("| ") and not ln.startswith("| task")]
     assert len(table) == 15
-    assert table[0] == "| Install meshccl | meshccl | 8.00 | 4 | 8.00 | 5.00 | changed 4 |"
-    assert table[1] == "| Task 19 |  | 0.24 | 4 | 0.24 | 0.24 | ok 4 |"
+    assert table[0] == "| Install meshccl | `roles/meshccl/tasks/main.yml:85` | 8.00 | 4 | 8.00 | 5.00 | changed 4 |"
+    assert table[1] == "| Task 19 | `playbooks/setup.yml:9` | 0.24 | 4 | 0.24 | 0.24 | ok 4 |"
     assert table[-1].startswith("| Task 6 |")  # 15 of 21: the 6 fastest left out
 
 
@@ -282,3 +299,69 @@ def test_subnet_claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scale, "routes_in", lambda subnet: ["198.19.245.0/24 dev x"])
     with pytest.raises(scale.ScaleError, match="in use on this machine"):
         scale.claim_subnet("198.19.245.0/24")
+
+
+SLOW = """\
+- name: Slow play
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Sleep long
+      ansible.builtin.command: sleep {{ marker }}
+"""
+
+
+def _sleepers(marker: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if f"sleep\0{marker}" in (proc / "cmdline").read_text():
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _slow_run(tmp_path: Path, marker: str) -> scale.Run:
+    (tmp_path / "slow.yml").write_text(SLOW)
+    (tmp_path / "hosts").write_text(f"a ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    argv = ["ansible-playbook", "-i", str(tmp_path / "hosts"), str(tmp_path / "slow.yml"), "-e", f"marker={marker}"]
+    return scale.Run("slow", argv, tmp_path / "slow.log", tmp_path / "slow.json")
+
+
+def _wait_for(condition: Any, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_a_run_past_its_timeout_is_killed_and_reported(tmp_path: Path) -> None:
+    marker = f"{os.getpid() % 1000 + 100}.125"
+    run = scale.run_playbook(_slow_run(tmp_path, marker), timeout=3)
+    result = run.to_json()
+    assert result["timed_out"] and result["failed"] and result["rc"] == -9
+    assert 3 <= result["wall_s"] < 20
+    assert not result["timing"] and result["recap"] == {}  # killed: no recap, no callback JSON
+    assert result["tasks_run"] == 1  # counted from the log instead
+    _wait_for(lambda: not _sleepers(marker))  # the whole session went, the task's sleep too
+    assert "FAILED (rc -9, timed out)" in scale._cell(result, "wall_s")
+
+
+def test_an_interrupt_stops_the_playbook_and_its_processes(tmp_path: Path) -> None:
+    """SIGTERM to the bench (as Ctrl-C): the playbook's session is stopped and KeyboardInterrupt goes on."""
+    marker = f"{os.getpid() % 1000 + 100}.375"
+    run = _slow_run(tmp_path, marker)
+
+    def interrupt_once_sleeping() -> None:
+        _wait_for(lambda: bool(_sleepers(marker)))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    helper = threading.Thread(target=interrupt_once_sleeping, daemon=True)
+    helper.start()
+    with pytest.raises(KeyboardInterrupt), scale.terminate_as_interrupt():
+        scale.run_playbook(run, timeout=120)
+    helper.join()
+    _wait_for(lambda: not _sleepers(marker))
+    assert "Sleep long" in run.log.read_text()
