@@ -129,6 +129,7 @@ def test_the_callback_is_off_unless_enabled(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "TASK [Three items]" in proc.stdout and "PLAY RECAP" in proc.stdout
     assert not (tmp_path / "timing.json").exists()
 
 
