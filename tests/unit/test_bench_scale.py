@@ -6,6 +6,7 @@ The run with labs is `bench/scale.py` itself (a benchmark, never run by the test
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -269,8 +270,12 @@ def test_report_rebuilds_md_and_png_from_json(tmp_path: Path, monkeypatch: pytes
     assert scale.main(["report", "--json", str(path)]) == 0
     md = (tmp_path / "scale-before.md").read_text()
     assert md == scale.markdown(_data())
-    png = (tmp_path / "scale-before.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    if importlib.util.find_spec("matplotlib"):  # bench/requirements.txt (make bench-deps); not make test's venv
+        png = (tmp_path / "scale-before.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    else:
+        assert not (tmp_path / "scale-before.png").exists()
+        assert "matplotlib is not installed" in scale.plot(_data(), tmp_path / "other.png")
     assert json.loads(path.read_text()) == _data()  # the JSON itself is left as it was
     assert scale.main(["report", "--json", str(tmp_path / "missing.json")]) == 2
 
@@ -366,3 +371,26 @@ def test_an_interrupt_stops_the_playbook_and_its_processes(tmp_path: Path) -> No
     helper.join()
     _wait_for(lambda: not _sleepers(marker))
     assert "Sleep long" in run.log.read_text()
+
+
+def test_report_without_matplotlib_writes_the_table_and_says_why_no_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """make test's environment has no matplotlib (bench/requirements.txt brings it): the md is still written."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setattr(scale, "reference_pair", lambda: None)
+    path = tmp_path / "scale-before.json"
+    path.write_text(json.dumps(_data()))
+    assert scale.main(["report", "--json", str(path)]) == 0
+    assert (tmp_path / "scale-before.md").read_text() == scale.markdown(_data())
+    assert not (tmp_path / "scale-before.png").exists()
+    assert "matplotlib is not installed" in scale.plot(_data(), tmp_path / "other.png")
