@@ -190,18 +190,42 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
     return normalised, problems
 
 
-def slurm_controller_problems(normalised: dict[str, dict[str, Any]], inventory_hosts: set[str]) -> list[str]:
+def slurm_controller_problems(
+    normalised: dict[str, dict[str, Any]], inventory_hosts: set[str], addresses: dict[str, str] | None = None
+) -> list[str]:
     """meshkit_slurm_controller must name a host Ansible can reach: one of the inventory's (a cluster host, or
-    a head node in a group of its own). Checked before anything changes, as the other problems are."""
+    a head node in a group of its own), whose address (``addresses``: its ansible_host, else its name) the
+    nodes can reach too: slurm.conf gives every slurmd that address, so a loopback one (an inventory
+    ``localhost`` without ansible_host) would have each node call itself. Checked before anything changes."""
     hosts: dict[str, list[str]] = {}
     for host, cfg in normalised.items():
         controller = cfg.get("meshkit_slurm_controller")
-        known = controller in inventory_hosts or controller in normalised
-        if cfg.get("meshkit_slurm") and controller and not known:
+        if cfg.get("meshkit_slurm") and controller:
             hosts.setdefault(controller, []).append(host)
-    return [
-        f"{', '.join(sorted(names, key=natural_key))}: meshkit_slurm_controller = {controller!r}: not a host of the "
-        "inventory; name a cluster host, or add the head node slurmctld runs on to the inventory in a group of its own "
-        "(outside the cluster's group; for the controller itself: localhost with ansible_connection=local)"
-        for controller, names in sorted(hosts.items())
-    ]
+    problems = []
+    for controller, names in sorted(hosts.items()):
+        who = f"{', '.join(sorted(names, key=natural_key))}: meshkit_slurm_controller = {controller!r}"
+        if controller not in inventory_hosts and controller not in normalised:
+            problems.append(
+                f"{who}: not a host of the inventory; name a cluster host, or add the head node slurmctld runs on to "
+                "the inventory in a group of its own (outside the cluster's group; for the controller itself: "
+                "localhost with ansible_connection=local and ansible_host set to its address on the cluster's network)"
+            )
+            continue
+        address = (addresses or {}).get(controller, controller)
+        if _loopback(address):
+            problems.append(
+                f"{who}: its address {address!r} (ansible_host, else the inventory name) is this machine's own to "
+                "every host: each node's slurmd would call itself. Set ansible_host (or slurm_addr) of "
+                f"{controller} to an address the cluster's hosts reach it at"
+            )
+    return problems
+
+
+def _loopback(address: str) -> bool:
+    if address.lower() in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False

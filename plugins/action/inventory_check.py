@@ -42,7 +42,14 @@ class ActionModule(ActionBase):
             hv = hostvars[host]
             given[host] = {**{key: hv[key] for key in hv if key.startswith("meshkit_")}, **play}
         normalised, problems = validate_hosts(given)
-        problems += slurm_controller_problems(normalised, set(task_vars.get("groups", {}).get("all", [])))
+        inventory_hosts = set(task_vars.get("groups", {}).get("all", []))
+        controllers = {cfg.get("meshkit_slurm_controller") for cfg in normalised.values() if cfg.get("meshkit_slurm")}
+        addresses = {
+            c: str(self._templar.template(hostvars[c].get("ansible_host", c)))
+            for c in controllers
+            if c and c in inventory_hosts
+        }
+        problems += slurm_controller_problems(normalised, inventory_hosts, addresses)
         result["changed"] = False
         result["problems"] = problems
         if problems:

@@ -223,6 +223,16 @@ def test_the_slurmctld_host_must_be_a_host_of_the_inventory():
     (problem,) = slurm_controller_problems(normalised, {"node1", "node2"})
     assert problem.startswith("node1, node2: meshkit_slurm_controller = 'login1': not a host of the inventory")
     assert "in a group of its own" in problem and "localhost with ansible_connection=local" in problem
+    # The controller itself as an inventory host without an address the nodes reach: each node's slurmd
+    # would call itself; refused, naming the host and what to set.
+    normalised, _ = validate_hosts({h: slurm | {"meshkit_slurm_controller": "localhost"} for h in ("node1", "node2")})
+    for address in ("localhost", "127.0.0.1", "::1", "127.0.1.1"):
+        (problem,) = slurm_controller_problems(normalised, {"node1", "node2", "localhost"}, {"localhost": address})
+        assert f"its address {address!r}" in problem and "Set ansible_host (or slurm_addr) of localhost" in problem
+    assert slurm_controller_problems(normalised, {"node1", "node2", "localhost"}, {"localhost": "10.0.0.9"}) == []
+    # A head node reached by name is fine.
+    normalised, _ = validate_hosts({h: slurm | {"meshkit_slurm_controller": "head"} for h in ("node1", "node2")})
+    assert slurm_controller_problems(normalised, {"node1", "node2", "head"}, {"head": "head.example.net"}) == []
     # Without meshkit_slurm the setting is not used, so not refused.
     normalised, _ = validate_hosts({"node1": {"meshkit_slurm_controller": "login1"}})
     assert slurm_controller_problems(normalised, {"node1"}) == []
