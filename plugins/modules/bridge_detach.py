@@ -94,94 +94,14 @@ notes:
   type: list
   elements: str
 """
-
-import platform
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
-from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
-    MANAGEMENT_ARGS,
-    apply,
-    find_management_interface,
-    runner,
-)
+from ansible_collections.meshkit.cluster.plugins.module_utils import host_steps as steps
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "bridge": {"type": "str", "default": "bridge0"},
-            "peer_ports": {"type": "list", "elements": "str", "default": []},
-            "service": {"type": "str", "default": "Thunderbolt Bridge"},
-            **MANAGEMENT_ARGS,
-            **linux_persist.PERSIST_ARGS,
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    run = runner(module)
-    files = linux_persist.FileSet()
-    try:
-        if platform.system() == "Darwin":
-            state = macos.read_bridge_state(run, p["bridge"], p["service"])
-            mgmt = find_management_interface(module, run, darwin=True)
-            plan = macos.plan_bridge(state, p["bridge"], p["service"], mgmt)
-            persistence = plan["persistence"]
-        else:
-            all_links = linux_net.links(run)
-            mgmt = find_management_interface(module, run, darwin=False)
-            plan = linux_net.plan_bridge(all_links, p["bridge"], p["peer_ports"], mgmt)
-            manager = linux_persist.module_manager(module, run)
-            persistence = linux_persist.describe(manager)
-            # Every peer port, detached now or in an earlier run, stays out of the bridge at boot.
-            ports = sorted(
-                set(plan["detach"])
-                | {
-                    link["ifname"]
-                    for link in linux_net.candidate_ports(all_links, p["peer_ports"], mgmt)
-                    if p["peer_ports"] and not link.get("master")
-                }
-            )
-            if manager == "networkd" and not plan["refused"]:
-                for port in ports:
-                    path, content = linux_persist.networkd_port(p["networkd_dir"], port)
-                    files.wanted[path] = content
-                if p["bridge"] in {link["ifname"] for link in all_links} and not plan["kept"]:
-                    # The bridge stays down at boot too, as it is left now.
-                    path, content = linux_persist.networkd_bridge_down(p["networkd_dir"], p["bridge"])
-                    files.wanted[path] = content
-            elif manager == "networkmanager" and not plan["refused"]:
-                plan["commands"] += linux_persist.nm_bridge_commands(run, ports, p["bridge"])
-    except (linux_net.NetError, macos.MacError, RuntimeError) as exc:
-        module.fail_json(msg=str(exc))
-    file_changes = files.changes()
-    result = {
-        "changed": bool(plan["commands"] or file_changes),
-        "members": plan["members"],
-        "detached": plan["detach"],
-        "kept": plan["kept"],
-        "commands": plan["commands"],
-        "management_interface": mgmt,
-        "persistence": persistence,
-        "notes": plan.get("notes", []),
-        "files": [c["path"] for c in file_changes],
-    }
-    if plan["refused"]:
-        module.fail_json(msg=plan["refused"], **{**result, "changed": False})
-    if plan["commands"] or file_changes:
-        before = f"{p['bridge']} members: {', '.join(plan['members']) or '(none)'}\n"
-        after = (
-            f"{p['bridge']} members: {', '.join(plan['kept']) or '(none)'}"
-            + ("" if plan["kept"] else f"; {p['bridge']} disabled")
-            + "\n"
-        )
-        for c in file_changes:
-            before += f"--- {c['path']}\n{c['before']}"
-            after += f"+++ {c['path']}\n{c['after']}"
-        result["diff"] = {"before": before, "after": after}
-    apply(module, run, plan["commands"])
-    linux_persist.module_write(module, run, files, file_changes)
-    module.exit_json(**result)
+    # The work is host_steps.bridge_detach (shared with host_ports and host_network, which run it with others).
+    module = AnsibleModule(argument_spec=steps.BRIDGE_ARGS, supports_check_mode=True)
+    module.exit_json(**steps.bridge_detach(module))
 
 
 if __name__ == "__main__":

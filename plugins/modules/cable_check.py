@@ -65,57 +65,14 @@ dead_ends:
   type: list
   elements: str
 """
-
-import platform
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils.common import run_parallel
-
-
-def ping_argv(system: str, port: str, peer: str, count: int) -> list[str]:
-    if system == "Darwin":
-        return ["ping", "-n", "-q", "-c", str(count), "-i", "0.2", "-t", "3", "-b", port, peer]
-    return ["ping", "-n", "-q", "-c", str(count), "-i", "0.2", "-w", "3", "-I", port, peer]
+from ansible_collections.meshkit.cluster.plugins.module_utils import host_steps as steps
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "ports": {"type": "list", "elements": "dict", "required": True},
-            "count": {"type": "int", "default": 3},
-            "fail": {"type": "bool", "default": True},
-            "host": {"type": "str", "default": "this host"},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    system = platform.system()
-    # Every cable's ping at once: a dead cable costs its deadline (3 s), not one per cable.
-    runs = run_parallel(
-        module,
-        {i: ping_argv(system, port["port"], port["peer_address"], p["count"]) for i, port in enumerate(p["ports"])},
-        timeout=30,
-    )
-    cables, dead, dead_ends = [], [], []
-    for i, port in enumerate(p["ports"]):
-        alive = runs[i][0] == 0
-        cables.append(
-            {
-                "port": port["port"],
-                "peer": f"{port['peer_host']}:{port['peer_port']}",
-                "peer_address": port["peer_address"],
-                "alive": alive,
-            }
-        )
-        if not alive:
-            dead_ends.append(f"{p['host']}:{port['port']}")
-            dead.append(
-                f"{p['host']}:{port['port']} -> {port['peer_host']}:{port['peer_port']} "
-                f"({port['peer_address']}): no reply"
-            )
-    if dead and p["fail"] and not module.check_mode:
-        module.fail_json(msg="dead cable(s): " + "; ".join(dead), cables=cables, dead=dead, dead_ends=dead_ends)
-    module.exit_json(changed=False, cables=cables, dead=dead, dead_ends=dead_ends)
+    # The work is host_steps.cable_check (shared with host_ports and host_network, which run it with others).
+    module = AnsibleModule(argument_spec=steps.PING_ARGS, supports_check_mode=True)
+    module.exit_json(**steps.cable_check(module))
 
 
 if __name__ == "__main__":

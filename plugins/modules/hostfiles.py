@@ -122,105 +122,14 @@ stale:
   returned: always
   type: str
 """
-
-import json
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
-from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import MLX_STARTING_PORT
-
-
-def read(path: str) -> str | None:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return None
+from ansible_collections.meshkit.cluster.plugins.module_utils import host_steps as steps
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "plan": {"type": "dict", "required": True},
-            "dest": {"type": "path", "required": True},
-            "host": {"type": "str"},
-            "ssh": {"type": "dict", "default": {}},
-            "nccl": {"type": "dict", "default": {}},
-            "gloo": {"type": "dict", "default": {}},
-            "cluster": {"type": "str", "required": True},
-            "ranks_per_host": {"type": "int", "default": 1},
-            "master_port": {"type": "int", "required": True},
-            "meshccl_port": {"type": "int", "required": True},
-            "mlx_starting_port": {"type": "int", "default": MLX_STARTING_PORT},
-            "envs": {"type": "list", "elements": "str", "default": []},
-            "state": {"type": "str", "default": "present", "choices": ["present", "verify"]},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    if p["ranks_per_host"] < 1:
-        module.fail_json(msg=f"ranks_per_host must be 1 or more, not {p['ranks_per_host']}")
-    if p["host"] and p["host"] not in p["plan"].get("hosts", []):
-        module.fail_json(msg=f"host {p['host']} is not in the plan (hosts: {', '.join(p['plan'].get('hosts', []))})")
-    files, skipped = hostfiles.render(
-        p["plan"],
-        {k: str(v) for k, v in p["ssh"].items()},
-        p["nccl"],
-        p["cluster"],
-        p["ranks_per_host"],
-        p["master_port"],
-        p["meshccl_port"],
-        p["mlx_starting_port"],
-        p["envs"],
-        p["host"],
-        {k: str(v) for k, v in p["gloo"].items() if v},
-    )
-    fp = hostfiles.fingerprint(p["plan"])
-    dest = p["dest"]
-    on_disk = {name: read(os.path.join(dest, name)) for name in files}
-    existing = {name: text for name, text in on_disk.items() if text is not None}
-    stale = hostfiles.staleness(on_disk.get("manifest.json"), existing, fp) or ""
-    out = []
-    diffs = []
-    for name, text in files.items():
-        path = os.path.join(dest, name)
-        changed = on_disk[name] != text
-        out.append({"name": name, "path": path, "changed": changed})
-        if changed:
-            diffs.append({"before": on_disk[name] or "", "after": text, "before_header": path, "after_header": path})
-    # Files an older set had and this one has not (e.g. MLX files once the ring is gone).
-    try:
-        listed = json.loads(on_disk.get("manifest.json") or "{}").get("files") or {}
-    except ValueError:
-        listed = {}
-    leftovers = sorted(n for n in listed if n not in files and os.path.exists(os.path.join(dest, n)))
-    for name in leftovers:
-        out.append({"name": name, "path": os.path.join(dest, name), "changed": True, "removed": True})
-    changed_names = [f["name"] for f in out if f["changed"]]
-    result = {"fingerprint": fp, "files": out, "skipped": skipped, "stale": stale, "dest": dest}
-    if p["state"] == "verify":
-        if stale or changed_names:
-            why = stale or ("missing or different: " + ", ".join(changed_names))
-            module.fail_json(
-                msg=f"hostfiles in {dest} are not current: {why}. Run setup.yml to rewrite them",
-                changed=False,
-                **result,
-            )
-        module.exit_json(changed=False, **result)
-    if changed_names and not module.check_mode:
-        # manifest.json last: a set interrupted half-way reads as stale, never as current.
-        for name in leftovers:
-            os.remove(os.path.join(dest, name))
-        for name in sorted(set(changed_names) - set(leftovers), key=lambda n: n == "manifest.json"):
-            path = os.path.join(dest, name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = path + ".tmp"
-            with open(tmp, "w") as handle:
-                handle.write(files[name])
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-    module.exit_json(changed=bool(changed_names), diff=diffs, **result)
+    # The work is host_steps.write_hostfiles (shared with host_ports and host_network, which run it with others).
+    module = AnsibleModule(argument_spec=steps.HOSTFILES_ARGS, supports_check_mode=True)
+    module.exit_json(**steps.write_hostfiles(module))
 
 
 if __name__ == "__main__":

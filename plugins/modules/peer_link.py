@@ -83,85 +83,14 @@ notes:
   type: list
   elements: str
 """
-
-import platform
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, linux_persist, macos
-from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
-    MANAGEMENT_ARGS,
-    apply,
-    find_management_interface,
-    runner,
-)
+from ansible_collections.meshkit.cluster.plugins.module_utils import host_steps as steps
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "ports": {"type": "list", "elements": "dict", "required": True},
-            "pool": {"type": "str", "required": True},
-            "peer_ports": {"type": "list", "elements": "str", "default": []},
-            "mtu": {"type": "int"},
-            **MANAGEMENT_ARGS,
-            **linux_persist.PERSIST_ARGS,
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    run = runner(module)
-    notes: list[str] = []
-    files = linux_persist.FileSet()
-    persistence = "network services set with networksetup persist across reboots"
-    try:
-        if platform.system() == "Darwin":
-            mgmt = find_management_interface(module, run, darwin=True)
-            plan = macos.plan_peer_links(run, p["ports"], p["mtu"], mgmt)
-            if plan["refused"]:
-                module.fail_json(msg=plan["refused"], changed=False, commands=[])
-            commands, notes, persistence = plan["commands"], plan["notes"], plan["persistence"]
-        else:
-            all_links = linux_net.links(run)
-            addrs = linux_net.addresses(run)
-            mgmt = find_management_interface(module, run, darwin=False)
-            commands, notes = linux_net.plan_peer_links(
-                all_links,
-                addrs,
-                p["ports"],
-                p["pool"],
-                p["peer_ports"],
-                p["mtu"],
-                mgmt,
-                linux_net.routes_by_device(run),
-            )
-            manager = linux_persist.module_manager(module, run)
-            persistence = linux_persist.describe(manager)
-            if manager == "networkd":
-                for port in p["ports"]:
-                    path, content = linux_persist.networkd_address(p["networkd_dir"], port, p["mtu"])
-                    files.wanted[path] = content
-                for stale in linux_persist.networkd_stale_dropins(p["networkd_dir"], {x["port"] for x in p["ports"]}):
-                    files.wanted[stale] = None
-            elif manager == "networkmanager":
-                commands += linux_persist.nm_address_commands(run, p["ports"], p["mtu"])
-    except (linux_net.NetError, macos.MacError, RuntimeError) as exc:
-        module.fail_json(msg=str(exc))
-    file_changes = files.changes()
-    result = {
-        "changed": bool(commands or file_changes),
-        "commands": commands,
-        "notes": notes,
-        "persistence": persistence,
-        "files": [c["path"] for c in file_changes],
-    }
-    if commands or file_changes:
-        before = "".join(f"--- {c['path']}\n{c['before']}" for c in file_changes)
-        after = "".join(" ".join(c) + "\n" for c in commands)
-        after += "".join(f"+++ {c['path']}\n{c['after']}" for c in file_changes)
-        result["diff"] = {"before": before, "after": after}
-    apply(module, run, commands)
-    linux_persist.module_write(module, run, files, file_changes)
-    module.exit_json(**result)
+    # The work is host_steps.peer_link (shared with host_ports and host_network, which run it with others).
+    module = AnsibleModule(argument_spec=steps.LINK_ARGS, supports_check_mode=True)
+    module.exit_json(**steps.peer_link(module))
 
 
 if __name__ == "__main__":

@@ -114,111 +114,14 @@ ansible_facts:
   returned: always
   type: dict
 """
-
-import os
-import platform
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import macos, rdma
-from ansible_collections.meshkit.cluster.plugins.module_utils.common import runner
-
-
-def tool(module: AnsibleModule, name: str) -> str | None:
-    """A command's path: ``name`` itself when it holds a slash (None when that is no executable), else PATH's."""
-    if "/" in name:
-        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
-    return module.get_bin_path(name)
-
-
-def darwin_facts(module: AnsibleModule, run) -> dict:
-    p = module.params
-    tools = {}
-    for key in ("rdma_ctl", "ibv_devices", "ibv_devinfo"):
-        tools[key] = tool(module, p[key])
-        if not tools[key]:
-            return rdma.host_facts("Darwin", [], p["ports"], tool_missing=p[key], generations=p["generations"])
-    rc, out, err = run([tools["rdma_ctl"], "status"])
-    enabled = rdma.parse_rdma_ctl(out + err)
-    rc, out, _err = run([tools["ibv_devices"]])
-    devices = rdma.parse_ibv_devices(out) if rc == 0 else []
-    ports = []
-    if devices:
-        rc, out, err = run([tools["ibv_devinfo"], "-v"])
-        if rc != 0:
-            module.fail_json(msg=f"{tools['ibv_devinfo']} -v failed (rc={rc}): {err.strip()}")
-        ports = rdma.parse_ibv_devinfo(out)
-    notes = []
-    links = None
-    profiler, networksetup = tool(module, p["system_profiler"]), tool(module, p["networksetup"])
-    if profiler and networksetup:
-        named = {"system_profiler": profiler, "networksetup": networksetup}
-
-        def through(argv: list[str]) -> tuple[int, str, str]:
-            return run([named.get(argv[0], argv[0]), *argv[1:]])
-
-        try:
-            links = macos.read_thunderbolt_links(through)
-        except (macos.MacError, ValueError) as exc:
-            notes.append(f"link speeds not read ({exc}); a Thunderbolt 4 link is only told by discovery's generation")
-    else:
-        notes.append("system_profiler or networksetup not found: link speeds not read")
-    bridges = None
-    ifconfig = tool(module, p["ifconfig"])
-    if ifconfig:
-        rc, out, err = run([ifconfig, "-a"])
-        if rc == 0:
-            bridges = macos.parse_ifconfig_bridges(out)
-        else:
-            notes.append(f"{ifconfig} -a failed (rc={rc}): {err.strip()}; bridge members not checked")
-    else:
-        notes.append("ifconfig not found: bridge members not checked")
-    return rdma.host_facts(
-        "Darwin",
-        ports,
-        p["ports"],
-        enabled,
-        devices,
-        generations=p["generations"],
-        links=links,
-        bridges=bridges,
-        notes=notes,
-    )
+from ansible_collections.meshkit.cluster.plugins.module_utils import host_steps as steps
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "ports": {"type": "list", "elements": "str", "default": []},
-            "generations": {"type": "dict", "default": {}},
-            "require": {"type": "bool", "default": False},
-            "backend": {"type": "str", "default": ""},
-            "system": {"type": "str", "default": "auto", "choices": ["auto", "Linux", "Darwin"]},
-            "sysfs_root": {"type": "path", "default": "/sys"},
-            "rdma_ctl": {"type": "str", "default": "rdma_ctl"},
-            "ibv_devices": {"type": "str", "default": "ibv_devices"},
-            "ibv_devinfo": {"type": "str", "default": "ibv_devinfo"},
-            "system_profiler": {"type": "str", "default": "system_profiler"},
-            "networksetup": {"type": "str", "default": "networksetup"},
-            "ifconfig": {"type": "str", "default": "ifconfig"},
-        },
-        supports_check_mode=True,
-    )
-    p = module.params
-    system = platform.system() if p["system"] == "auto" else p["system"]
-    if system == "Darwin":
-        facts = darwin_facts(module, runner(module))
-    else:
-        facts = rdma.host_facts("Linux", rdma.read_sysfs(p["sysfs_root"]), p["ports"])
-    result = {"changed": False, "rdma": facts, "ansible_facts": {"meshkit_rdma": facts}}
-    if p["require"] and not facts["usable"]:
-        what = f"backend {p['backend']}" if p["backend"] else "this run"
-        reasons = "; ".join(facts["problems"]) or facts["message"] or "no cabled port"
-        module.fail_json(
-            msg=f"{what} needs RDMA on every cable, and this host cannot: {reasons}. "
-            f"Fix: see {' and '.join(facts['runbooks']) or facts['runbook']}",
-            **result,
-        )
-    module.exit_json(**result)
+    # The work is host_steps.rdma_facts (shared with host_ports and host_network, which run it with others).
+    module = AnsibleModule(argument_spec=steps.RDMA_ARGS, supports_check_mode=True)
+    module.exit_json(**steps.rdma_facts(module))
 
 
 if __name__ == "__main__":
