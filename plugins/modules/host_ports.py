@@ -13,9 +13,12 @@ description:
     the work of the module it is named after, with that module's options, in this order.
   - 1. O(bridge) (M(meshkit.cluster.bridge_detach)) takes the peer ports out of the Thunderbolt bridge and
     disables it; left out, the bridge is not touched (a discovery-only run).
-  - 2. O(discover) (M(meshkit.cluster.discover)) finds which port is cabled to which host; changes nothing.
+  - 2. O(discover) (M(meshkit.cluster.discover)) finds which port is cabled to which host; changes nothing;
+    sets the fact C(meshkit_discovery). Not where step 1 changed something (also in check mode; RV(rediscover)):
+    a peer whose ports are still in its bridge answers nothing, so discovery waits until every host's ports
+    have left theirs - the caller runs this module again, without O(bridge), on every host.
   - 3. O(rdma) (M(meshkit.cluster.rdma_facts)) reads RDMA on the ports discovery saw a peer on, with the
-    Thunderbolt generations discovery read; sets the fact C(meshkit_rdma).
+    Thunderbolt generations discovery read; sets the fact C(meshkit_rdma). Only where step 2 ran.
   - A step that fails fails the module, naming the step (RV(step)); the steps after it do not run.
 version_added: 0.9.0
 author: meshkit contributors (@meshkit)
@@ -63,12 +66,16 @@ bridge:
   type: dict
 discovery:
   description: What M(meshkit.cluster.discover) returns (C(ports), C(platform), C(management_interface)).
-  returned: success
+  returned: unless RV(rediscover)
   type: dict
 rdma:
   description: This host's RDMA facts, as M(meshkit.cluster.rdma_facts) returns them in its C(rdma).
-  returned: success
+  returned: unless RV(rediscover)
   type: dict
+rediscover:
+  description: The bridge step changed something, so discovery did not run (see above).
+  returned: success
+  type: bool
 step:
   description: The step that failed (bridge, discover or rdma).
   returned: failure
@@ -95,19 +102,23 @@ def main() -> None:
         if p["bridge"] is not None:
             out["bridge"] = steps.bridge_detach(steps.Step(module, "bridge", steps.BRIDGE_ARGS, p["bridge"]))
             done.append(("bridge", out["bridge"]))
-        out["discovery"] = steps.discover(steps.Step(module, "discover", steps.DISCOVER_ARGS, p["discover"]))
-        found = out["discovery"]["ports"]
-        rdma = {
-            **p["rdma"],
-            "ports": [x["port"] for x in found if x["seen"] and x["port"]],
-            "generations": {x["port"]: x["generation"] for x in found if x["port"]},
-        }
-        facts = steps.rdma_facts(steps.Step(module, "rdma", steps.RDMA_ARGS, rdma))
+        # A port that leaves a bridge now is discovered once every host's ports have left theirs (a peer
+        # still bridged answers nothing): the caller runs discovery again, without the bridge step.
+        out["rediscover"] = bool(out.get("bridge", {}).get("changed"))
+        if not out["rediscover"]:
+            out["discovery"] = steps.discover(steps.Step(module, "discover", steps.DISCOVER_ARGS, p["discover"]))
+            found = out["discovery"]["ports"]
+            rdma = {
+                **p["rdma"],
+                "ports": [x["port"] for x in found if x["seen"] and x["port"]],
+                "generations": {x["port"]: x["generation"] for x in found if x["port"]},
+            }
+            facts = steps.rdma_facts(steps.Step(module, "rdma", steps.RDMA_ARGS, rdma))
+            out["rdma"] = facts["rdma"]
+            out["ansible_facts"] = {**facts["ansible_facts"], "meshkit_discovery": out["discovery"]}
     except steps.StepFailed as failed:
         changed = any(r.get("changed") for _name, r in done)
         module.fail_json(**{**out, **failed.result, "changed": changed, "step": failed.step})
-    out["rdma"] = facts["rdma"]
-    out["ansible_facts"] = facts["ansible_facts"]
     out["changed"] = any(r.get("changed") for _name, r in done)
     diffs = steps.merge_diffs(done)
     if diffs:
