@@ -14,6 +14,9 @@ description:
   - 1. O(links) (M(meshkit.cluster.peer_link)) gives every cable end its address, host route and MTU.
   - 2. O(ping) (M(meshkit.cluster.cable_check)) pings across every cable, bound to its port; its
     O(meshkit.cluster.cable_check#module:ports) default to O(links)'s. Left out or null, no ping (check mode).
+    Not where step 1 changed an address (not in check mode; RV(reping)): every host runs this module at
+    once, so the far end may not have its own address yet - the caller pings again (this module with
+    O(ping) only) once every host is done.
   - 3. O(rdma) (M(meshkit.cluster.rdma_facts)) reads RDMA again now that the ports have addresses; its
     O(meshkit.cluster.rdma_facts#module:ports) default to O(links)'s; sets the fact C(meshkit_rdma). Left out
     or null, not read.
@@ -32,11 +35,13 @@ attributes:
     support: full
 options:
   links:
-    description: The options of M(meshkit.cluster.peer_link).
+    description: The options of M(meshkit.cluster.peer_link); left out or null, no address is touched.
     type: dict
-    required: true
   ping:
-    description: The options of M(meshkit.cluster.cable_check); left out or null, no ping.
+    description:
+      - The options of M(meshkit.cluster.cable_check); left out or null, no ping. Sets the fact
+        C(meshkit_cable_check) (what M(meshkit.cluster.cable_check) returns).
+      - Not where step 1 changed an address (RV(reping)).
     type: dict
   rdma:
     description: The options of M(meshkit.cluster.rdma_facts); left out or null, RDMA is not read.
@@ -70,7 +75,7 @@ EXAMPLES = r"""
 RETURN = r"""
 links:
   description: What M(meshkit.cluster.peer_link) returns.
-  returned: success
+  returned: when O(links) is given
   type: dict
 ping:
   description: What M(meshkit.cluster.cable_check) returns (C(cables), C(dead), C(dead_ends)); absent without O(ping).
@@ -89,6 +94,10 @@ directories:
   returned: success
   type: list
   elements: dict
+reping:
+  description: Step 1 changed an address (not in check mode), so step 2 did not run (see above).
+  returned: success
+  type: bool
 step:
   description: The step that failed (links, ping, rdma, hostfiles or directories).
   returned: failure
@@ -102,7 +111,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils import host_steps 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "links": {"type": "dict", "required": True},
+            "links": {"type": "dict"},
             "ping": {"type": "dict"},
             "rdma": {"type": "dict"},
             "hostfiles": {"type": "dict"},
@@ -114,17 +123,24 @@ def main() -> None:
     out: dict = {"changed": False}
     done: list = []
     try:
-        out["links"] = steps.peer_link(steps.Step(module, "links", steps.LINK_ARGS, p["links"]))
-        done.append(("links", out["links"]))
-        ports = p["links"]["ports"]
-        if p["ping"] is not None:
-            out["ping"] = steps.cable_check(steps.Step(module, "ping", steps.PING_ARGS, {"ports": ports, **p["ping"]}))
+        ports = None
+        if p["links"] is not None:
+            out["links"] = steps.peer_link(steps.Step(module, "links", steps.LINK_ARGS, p["links"]))
+            done.append(("links", out["links"]))
+            ports = p["links"]["ports"]
+        # A cable end addressed just now: its peer may not have its own address yet (every host runs this
+        # at once), so the caller pings again once every host is done; no ping here that would only wait.
+        out["reping"] = bool(out.get("links", {}).get("changed")) and not module.check_mode
+        if p["ping"] is not None and not out["reping"]:
+            ping_args = {"ports": ports, **p["ping"]} if ports is not None else p["ping"]
+            out["ping"] = steps.cable_check(steps.Step(module, "ping", steps.PING_ARGS, ping_args))
+            out["ansible_facts"] = {"meshkit_cable_check": out["ping"]}
         nccl = None
         if p["rdma"] is not None:
-            rdma_args = {"ports": [x["port"] for x in ports], **p["rdma"]}
+            rdma_args = {"ports": [x["port"] for x in ports or []], **p["rdma"]}
             facts = steps.rdma_facts(steps.Step(module, "rdma", steps.RDMA_ARGS, rdma_args))
             out["rdma"] = facts["rdma"]
-            out["ansible_facts"] = facts["ansible_facts"]
+            out["ansible_facts"] = {**out.get("ansible_facts", {}), **facts["ansible_facts"]}
             nccl = facts["rdma"].get("nccl_env") or {}
         if p["hostfiles"] is not None:
             args = dict(p["hostfiles"])

@@ -31,21 +31,32 @@ def test_host_network_addresses_pings_and_makes_the_jobs_directory_in_one_call(l
         "directories": [{"path": str(jobs), "mode": "1777"}],
     }
     result, mutating = linux(host_network, args, {**recorded("converged"), **NETWORKD})
-    # The cable end has its address already: only networkd's drop-in is new; then the ping (it answered,
-    # rc 0); the directory is new too.
-    assert mutating == [["networkctl", "reload"], ["ping", "-n", "-q", "-c", "1", "-i", "0.2", "-w", "3", "-I", "tb0",
-                                                   "198.18.128.2"]]  # fmt: skip
+    # The cable end has its address already: only networkd's drop-in is new. That is a change: the far
+    # end may be changing too, so no ping now (the caller pings again once every host is done).
+    assert mutating == [["networkctl", "reload"]]
     assert result["links"]["files"] == [str(tmp_path / "networkd" / "00-meshkit-tb0.network.d" / "50-address.conf")]
-    assert result["ping"]["cables"] == [
-        {"port": "tb0", "peer": "node2:tb0", "peer_address": "198.18.128.2", "alive": True}
-    ]
-    assert result["ansible_facts"]["meshkit_rdma"] == result["rdma"]
+    assert result["reping"] is True and "ping" not in result
+    assert result["ansible_facts"] == {"meshkit_rdma": result["rdma"]}
     assert result["changed"] is True
     assert stat.S_IMODE(os.stat(jobs).st_mode) == 0o1777
     assert [d["after_header"] for d in result["diff"]] == ["links", str(jobs)]
+    # Nothing to change: one call addresses nothing, pings the cable (it answered: rc 0), reads RDMA.
     again, mutating = linux(host_network, args, {**recorded("converged"), **NETWORKD})
-    assert again["changed"] is False and "diff" not in again
-    assert [c[0] for c in mutating] == ["ping"]
+    assert again["changed"] is False and again["reping"] is False and "diff" not in again
+    assert mutating == [["ping", "-n", "-q", "-c", "1", "-i", "0.2", "-w", "3", "-I", "tb0", "198.18.128.2"]]
+    assert again["ping"]["cables"] == [
+        {"port": "tb0", "peer": "node2:tb0", "peer_address": "198.18.128.2", "alive": True}
+    ]
+    assert again["ansible_facts"] == {"meshkit_cable_check": again["ping"], "meshkit_rdma": again["rdma"]}
+
+
+def test_the_ping_alone_marks_a_dead_cable_without_failing(linux):  # noqa: F811
+    args = {"ping": {"ports": [PORT], "count": 1, "fail": False, "host": "node1"}}
+    answers = {("ping", "-n", "-q", "-c", "1", "-i", "0.2", "-w", "3", "-I", "tb0", "198.18.128.2"): (1, "", "")}
+    result, mutating = linux(host_network, args, answers)
+    assert [c[0] for c in mutating] == ["ping"] and result["changed"] is False
+    assert result["ping"]["dead_ends"] == ["node1:tb0"]
+    assert result["ansible_facts"]["meshkit_cable_check"]["dead"] == ["node1:tb0 -> node2:tb0 (198.18.128.2): no reply"]
 
 
 def test_host_network_check_mode_makes_nothing(linux, tmp_path):  # noqa: F811
