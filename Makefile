@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # installed in ~/.ansible by some other run must never shadow the code being tested.
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
 
-.PHONY: all demo demo-down test lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
+.PHONY: all demo demo-down test test-steps lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
 	meshccl-portable meshccl-macos bench bench-deps bench-scale
 
 # meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
@@ -125,7 +125,12 @@ integration: venv
 
 ## Lint, meshccl's C++ suites (plain, sanitized, fuzzed), its macOS builds and its macOS code paths on Linux,
 ## then every Python test (unit, meshccl jobs, lab integration) in one pytest run.
-test: lint sanity meshccl-cpp meshccl-sanitize meshccl-fuzz meshccl-macos meshccl-portable
+## Its wall time, from the first prerequisite to the last test, is printed at the end (also when it fails).
+test:
+	@start=$$(date +%s); $(MAKE) --no-print-directory test-steps; rc=$$?; took=$$(( $$(date +%s) - start )); \
+	  echo "make test: $$(( took / 60 )) min $$(( took % 60 )) s, exit $$rc"; exit $$rc
+
+test-steps: lint sanity meshccl-cpp meshccl-sanitize meshccl-fuzz meshccl-macos meshccl-portable
 	pytest tests --durations=25
 
 ## Ansible's own checks on the collection as ansible-galaxy builds it (scripts/ansible-sanity).
