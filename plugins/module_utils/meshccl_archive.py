@@ -189,10 +189,15 @@ def extract(archive: str, dest: str) -> dict:
 
 
 def sibling(path: str, what: str) -> str:
-    """A new hidden directory beside ``path`` (same filesystem: it can be renamed into place)."""
+    """A new hidden directory beside ``path`` (same filesystem: it can be renamed into place), with the
+    mode a directory made here gets (mkdtemp's own 0700 would keep every other user out once in place)."""
     parent = os.path.dirname(path.rstrip("/")) or "."
     os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f".{os.path.basename(path.rstrip('/'))}.{what}-", dir=parent)
+    made = tempfile.mkdtemp(prefix=f".{os.path.basename(path.rstrip('/'))}.{what}-", dir=parent)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(made, 0o777 & ~umask)
+    return made
 
 
 def swap_in(new: str, path: str) -> str | None:
