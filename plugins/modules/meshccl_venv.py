@@ -35,6 +35,7 @@ extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
   action:
+    description: An action plugin of the same name copies O(src) from the controller first.
     support: full
   check_mode:
     support: full
