@@ -94,6 +94,7 @@ print(json.dumps({
     "libc": list(platform.libc_ver()),
     "mac_ver": platform.mac_ver()[0],
     "scripts": [s for s in scripts if s],
+    "base_executable": getattr(sys, "_base_executable", None) or sys.executable,
 }))
 """
 
@@ -171,6 +172,7 @@ def gather(python: str, venv: str | None = None) -> dict:
                 implementation=probe["implementation"],
                 python_h=bool(probe["python_h"]),
                 include=probe["include"],
+                base_executable=probe.get("base_executable"),
             )
             scripts = probe.get("scripts") or []
             if probe.get("libc") and probe["libc"][0]:

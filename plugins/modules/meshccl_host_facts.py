@@ -71,7 +71,10 @@ pkg_mgr:
   returned: always
   type: str
 python:
-  description: C({path, version, implementation, python_h, error}) of O(python).
+  description:
+    - C({path, version, implementation, python_h, base_executable, error}) of O(python); C(base_executable) - the
+      interpreter a virtual environment made by it links to (itself, unless it is a wrapper or a virtual
+      environment's).
   returned: always
   type: dict
 tools:
@@ -92,6 +95,10 @@ bin:
   type: str
 build_on:
   description: O(build_on), as given.
+  returned: always
+  type: str
+read_id:
+  description: A random id of this read (the meshccl role tells a read it has used from a new one by it).
   returned: always
   type: str
 """
@@ -117,6 +124,7 @@ def main() -> None:
         changed=False,
         bin=os.path.join(venv, "bin") if venv else None,
         build_on=module.params["build_on"],
+        read_id=os.urandom(8).hex(),
         **record,
     )
 

@@ -28,8 +28,13 @@ description:
     to copy to the builder, and stages the group's wheelhouse (binary wheels of the extra requirements for that
     platform, from C(pip download --platform ... --python-version X.Y); a requirement with no such wheel is left
     for the host to install from its own package index).
+  - For every host to install, one archive to copy (C(hosts.<host>.archive)). Where the host's Python is at a path
+    where the controller has a Python of the same X.Y (not itself a virtual environment's), and the group is built
+    on the controller, a ready C(environment) - made here once with that interpreter from the group's wheelhouse,
+    packed for the host's environment path (C(environment-<hash>.tar.gz) in the group's wheelhouse). Elsewhere the
+    group's C(wheelhouse.tar), which the host installs with pip. See M(meshkit.cluster.meshccl_venv).
   - With O(phase=finish), after the builders' wheels were fetched into the staged wheelhouses, checks each holds a
-    meshccl wheel and marks it complete.
+    meshccl wheel, packs its C(wheelhouse.tar) and marks it complete.
   - Without O(hosts), builds (or with check mode reports) the controller's own wheelhouse only.
   - Older builds' wheelhouses in O(dest) are removed, the previous one kept.
   - "Run it on the controller (C(delegate_to: localhost), C(run_once))."
@@ -120,7 +125,9 @@ hosts:
   description:
     - Per host - group, builder, built_on, wheelhouse (on the controller), ready, install (not current),
       build_here (this host builds its group's wheel now), kit, fetch_to, index (the build fetches its build
-      requirements from the host's index), unresolved.
+      requirements from the host's index), unresolved, archive (the one file to copy to it, on the controller),
+      ship (C(environment) or C(wheels)), why_wheels (why no ready environment is shipped), bin (its environment's
+      C(bin) directory).
   returned: always
   type: dict
 summary:
@@ -145,6 +152,13 @@ import zipfile
 from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils.meshccl_archive import (
+    ENVIRONMENT,
+    WHEELS,
+    WHEELS_ARCHIVE,
+    pack_environment,
+    pack_wheels,
+)
 from ansible_collections.meshkit.cluster.plugins.module_utils.meshccl_build import (
     CONTROLLER,
     build_id,
@@ -451,6 +465,161 @@ def build_here(source: str, path: str, version: str, requirements: list[str], de
         shutil.rmtree(work, ignore_errors=True)
 
 
+VENV_MARK = "meshkit-meshccl.json"
+# Run by a Python on the controller: may it make an environment for a host whose interpreter is at the same path?
+LOCAL_PYTHON = (
+    "import json, platform, sys; print(json.dumps([platform.python_implementation(), '%d.%d' % sys.version_info[:2], "
+    "getattr(sys, '_base_executable', None) or sys.executable]))"
+)
+
+
+def local_python(path: str, cache: dict) -> list | None:
+    """[implementation, X.Y, base executable] of the controller's Python at ``path``, or None."""
+    if path not in cache:
+        cache[path] = None
+        if os.path.isabs(path) and os.path.isfile(path) and os.access(path, os.X_OK):
+            try:
+                argv = [path, "-c", LOCAL_PYTHON]
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+                cache[path] = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+                cache[path] = None
+    return cache[path]
+
+
+def environment_for(record: dict, group: dict, cache: dict) -> tuple[tuple[str, str] | None, str]:
+    """((interpreter path, environment path), "") where the controller can make this host's environment as
+    the host would make it itself: `python -m venv` links the environment to the interpreter's base
+    executable, so the controller needs a CPython of the same X.Y whose base executable is at that same
+    path. Else (None, why not)."""
+    if group["builder"] != CONTROLLER:
+        return None, f"its wheel is built on {group['builder']}"
+    if group.get("unresolved"):
+        return None, f"{', '.join(group['unresolved'])} come from its own package index"
+    base, bin_dir = (record.get("python") or {}).get("base_executable") or "", record.get("bin") or ""
+    if not os.path.isabs(base) or not bin_dir:
+        return None, "its interpreter or environment path was not read"
+    mine = local_python(base, cache)
+    if not mine:
+        return None, f"the controller has no Python at {base}"
+    impl, xy, own_base = mine
+    if impl != "CPython" or xy != python_xy(record) or own_base != base:
+        why = f"the controller's {base} is {impl} {xy}" + (f" based on {own_base}" if own_base != base else "")
+        return None, f"{why}; the host's is CPython {python_xy(record)}"
+    return (base, os.path.dirname(bin_dir.rstrip("/"))), ""
+
+
+def environment_archive(group: dict, python: str, venv: str) -> str:
+    return os.path.join(group["path"], f"environment-{hashlib_hex(python + chr(0) + venv)[:12]}.tar.gz")
+
+
+def make_environment(group: dict, python: str, build: str, work_dir: str) -> str:
+    """A virtual environment made here with ``python`` (the hosts' interpreter path) from the group's
+    wheelhouse, install record included, in a staging directory (returned; the caller removes it)."""
+    house, wheels = group["path"], wheels_in(group["path"])
+    pip_wheel = next((w for w in wheels if w.startswith("pip-")), None)
+    if not pip_wheel:
+        raise BuildError(f"{house} holds no pip wheel to install with")
+    staging = tempfile.mkdtemp(prefix=".environment-", dir=work_dir)
+    venv = os.path.join(staging, "venv")
+    for argv, what in (
+        ([python, "-m", "venv", "--without-pip", venv], f"{python} -m venv"),
+        (
+            [
+                os.path.join(venv, "bin", "python"),
+                os.path.join(house, pip_wheel, "pip"),
+                "install",
+                "--isolated",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-index",
+                "--no-deps",
+                *(os.path.join(house, w) for w in wheels),
+            ],
+            "pip install",
+        ),
+    ):
+        proc = run(argv)
+        if proc.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise BuildError(f"making the hosts' environment here failed: {what} exited {proc.returncode}", proc)
+    digests = {}
+    for wheel in wheels:
+        with open(os.path.join(house, wheel), "rb") as f:
+            digests[wheel] = hashlib.sha256(f.read()).hexdigest()
+    with open(os.path.join(venv, VENV_MARK), "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "build": build,
+                "wheels": wheels,
+                "sha256": digests,
+                "built_on": group["built_on"],
+                "index": [],
+                "method": ENVIRONMENT,
+            },
+            f,
+        )
+    return venv
+
+
+def wheels_archive(group: dict, build: str, check: bool) -> str:
+    """The group's wheelhouse as one tar (made when missing, unless ``check``)."""
+    archive = os.path.join(group["path"], WHEELS_ARCHIVE)
+    if not check and group["ready"] and not os.path.isfile(archive):
+        pack_wheels(group["path"], wheels_in(group["path"]), archive, {"build": build, "group": group["name"]})
+    return archive
+
+
+def ship(groups: list[dict], records: dict, build: str, check: bool) -> dict[str, dict]:
+    """Per host to install: the archive to copy (an environment where the controller can make it, else the
+    wheels), what it is, and why not an environment. Archives are made here (not in check mode)."""
+    out: dict[str, dict] = {}
+    cache: dict = {}
+    for group in groups:
+        targets: dict[tuple[str, str], list[str]] = {}
+        for host in group["needs"]:
+            record = records.get(host)
+            if record is None:
+                continue
+            target, why = environment_for(record, group, cache)
+            if target:
+                targets.setdefault(target, []).append(host)
+            else:
+                out[host] = {"archive": wheels_archive(group, build, check), "ship": WHEELS, "why_wheels": why}
+        by_python: dict[str, list[tuple[str, str]]] = {}
+        for target in targets:
+            by_python.setdefault(target[0], []).append(target)
+        for python, wanted in by_python.items():
+            todo = [t for t in wanted if not os.path.isfile(environment_archive(group, *t))]
+            staging, failed = None, ""
+            if todo and not check and group["ready"]:
+                try:
+                    venv = make_environment(group, python, build, os.path.dirname(group["path"]))
+                    staging = os.path.dirname(venv)
+                    for target in todo:
+                        manifest = {
+                            "build": build,
+                            "group": group["name"],
+                            "python": python,
+                            "tag": python_tag(records[targets[target][0]]),
+                            "built_on": group["built_on"],
+                        }
+                        pack_environment(venv, environment_archive(group, *target), venv, target[1], manifest)
+                except (BuildError, OSError) as exc:
+                    failed = f"making it here failed: {exc}"
+                finally:
+                    if staging:
+                        shutil.rmtree(staging, ignore_errors=True)
+            for target in wanted:
+                for host in targets[target]:
+                    if failed:
+                        how = {"archive": wheels_archive(group, build, check), "ship": WHEELS, "why_wheels": failed}
+                    else:
+                        how = {"archive": environment_archive(group, *target), "ship": ENVIRONMENT, "why_wheels": ""}
+                    out[host] = how
+    return out
+
+
 def finish(module: AnsibleModule, dest: str, groups: list[dict], version: str) -> None:
     done, changed = {}, False
     for group in groups:
@@ -468,6 +637,8 @@ def finish(module: AnsibleModule, dest: str, groups: list[dict], version: str) -
         with open(os.path.join(staging, PENDING), encoding="utf-8") as f:
             pending = json.load(f)
         os.remove(os.path.join(staging, PENDING))
+        manifest = {"build": pending.get("build"), "group": group["name"]}
+        pack_wheels(staging, wheels, os.path.join(staging, WHEELS_ARCHIVE), manifest)
         write_mark(staging, {**pending, "wheels": wheels, "built_on": group["builder"]})
         publish(staging, path)
         shutil.rmtree(group.get("kit") or "", ignore_errors=True)
@@ -599,6 +770,7 @@ def main() -> None:
         module.fail_json(msg=str(exc), **exc.details, **result)
     if not module.check_mode and os.path.isdir(dest):
         prune(dest, build)
+    shipping = ship(groups, records, build, module.check_mode)
 
     hosts: dict = {}
     summary = []
@@ -616,6 +788,8 @@ def main() -> None:
                 "fetch_to": group["staging"],
                 "index": group["index"],
                 "unresolved": group["unresolved"],
+                "bin": (records.get(host) or {}).get("bin"),
+                **shipping.get(host, {"archive": None, "ship": None, "why_wheels": ""}),
             }
         if group["builder"] == CONTROLLER:
             result["path"], result["wheels"] = group["path"], group["wheels"]
@@ -628,7 +802,16 @@ def main() -> None:
             doing = f"built on {group['built_on'] if group['built_on'] != CONTROLLER else 'the controller'}, cached"
         else:
             doing = f"current everywhere; would be built on {who}"
-        needs = f"; to install on {', '.join(group['needs'])}" if group["needs"] and group["hosts"] else ""
+        needs = ""
+        if group["needs"] and group["hosts"]:
+            kinds: dict[str, list[str]] = {}
+            for host in group["needs"]:
+                how = shipping.get(host) or {}
+                what = "a ready environment" if how.get("ship") == ENVIRONMENT else "its wheels"
+                if how.get("why_wheels"):
+                    what += f" ({how['why_wheels']})"
+                kinds.setdefault(what, []).append(host)
+            needs = "; to install on " + "; ".join(f"{', '.join(h)} from {w}" for w, h in kinds.items())
         summary.append(
             f"{', '.join(group['hosts']) or 'controller'} ({group['platform']}): meshccl {build} {doing}{needs}"
         )

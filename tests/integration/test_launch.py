@@ -258,8 +258,12 @@ def test_meshccl_built_on_a_host_from_the_sdist_for_two_hosts_and_by_the_control
     assert built == ["changed: [node3]", "skipping: [node1]", "skipping: [node2]", "skipping: [node4]"], built
     fetched = task_lines(output, "meshkit.cluster.meshccl : Fetch the built wheel into the group's wheelhouse")
     assert fetched == ["changed: [node3]", "skipping: [node1]", "skipping: [node2]", "skipping: [node4]"], fetched
-    installed = task_lines(output, "meshkit.cluster.meshccl : Install the wheels into the virtual environment")
+    installed = task_lines(output, "meshkit.cluster.meshccl : Install meshccl from one archive")
     assert installed == [f"changed: [node{i}]" for i in range(1, 5)], installed
+    # One archive per host: node1 and node2 a ready environment made on the controller with their interpreter
+    # path; node3 and node4 (their wheel built on node3) the group's wheels, installed with pip there.
+    assert re.search(r"to install on node1, node2 from a ready environment", flat), output
+    assert re.search(r"to install on node3, node4 from its wheels \(its wheel is built on node3\)", flat), output
     # The controller's cache holds the group's wheelhouse, marked as node3's; the hosts' records agree.
     house = WHEEL_CACHE / build / group
     mark = json.loads((house / "meshkit-wheelhouse.json").read_text())
@@ -274,6 +278,7 @@ def test_meshccl_built_on_a_host_from_the_sdist_for_two_hosts_and_by_the_control
         assert record["build"] == build, (host, record)  # one build id everywhere: same sources
         assert record["built_on"] == ("node3" if host in HOST_BUILT else "controller"), (host, record)
         assert record["sha256"][wheel.name] == digest[wheel], (host, record)
+        assert record["method"] == ("wheels" if host in HOST_BUILT else "environment"), (host, record)
     # node3 left no build directory behind; no host keeps a copied wheelhouse.
     for host, pid in holders(handle).items():
         left = sh("nsenter", "-t", str(pid), "-m", "--", "ls", "-A", "/var/lib/meshkit/meshccl-wheels", check=False)
@@ -328,7 +333,7 @@ def test_launch_installs_meshccl_where_it_is_missing(lab):
     assert summary is not None and summary["ok"], summary
     # Only node3 got the wheelhouse and an install; the other hosts' builds were current. Its group's wheel
     # (built on node3 by setup.yml) came from the controller's cache: nothing was built again.
-    assert task_lines(output, "meshkit.cluster.meshccl : Install the wheels") == [
+    assert task_lines(output, "meshkit.cluster.meshccl : Install meshccl from one archive") == [
         "changed: [node3]",
         "skipping: [node1]",
         "skipping: [node2]",

@@ -311,10 +311,14 @@ def test_check_mode_says_what_would_be_built_where_and_builds_nothing(tmp_path, 
     assert ok and out["changed"] is True, out
     assert out["summary"] == [
         f"node1, node2 (linux-x86_64-cp311-glibc2.36): meshccl {out['build']} would build on the controller; "
-        "to install on node1, node2",
+        "to install on node1, node2 from its wheels (its interpreter or environment path was not read)",
         f"node3, node4 (linux-x86_64-cp311-glibc2.36): meshccl {out['build']} would build on node3 (from the source "
-        "distribution); to install on node3, node4",
+        "distribution); to install on node3, node4 from its wheels (its wheel is built on node3)",
     ]
+    # The one archive each host would get (none is made in check mode).
+    assert {h: (v["ship"], Path(v["archive"]).name) for h, v in out["hosts"].items()} == {
+        h: ("wheels", "wheelhouse.tar") for h in hosts
+    }
     assert {h: (v["build_here"], v["install"]) for h, v in out["hosts"].items()} == {
         "node1": (False, True), "node2": (False, True), "node3": (True, True), "node4": (False, True)
     }  # fmt: skip
