@@ -90,16 +90,37 @@ platform:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import host_steps as steps
+import platform
 
-# The work itself, importable from here as before (launch_facts runs it with discovery in one call).
-from ansible_collections.meshkit.cluster.plugins.module_utils.management import establish  # noqa: F401
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils import management as mg
+from ansible_collections.meshkit.cluster.plugins.module_utils.common import runner
+
+# The work itself, in module_utils: launch_facts runs it with discovery in one call (host_steps.establish).
+from ansible_collections.meshkit.cluster.plugins.module_utils.management import establish
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=steps.ESTABLISH_ARGS, supports_check_mode=True)
-    module.exit_json(**steps.establish(module))
+    module = AnsibleModule(
+        argument_spec={
+            "host": {"type": "str"},
+            "address": {"type": "str"},
+            "controller_addresses": {"type": "list", "elements": "str", "default": []},
+            "interface": {"type": "str"},
+            "bridge": {"type": "str"},
+            "pool": {"type": "str"},
+            "peer_ports": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    system = platform.system()
+    try:
+        result = establish(module.params, runner(module), system, mg.system_resolve)
+    except (mg.ManagementError, ValueError) as exc:
+        module.fail_json(msg=str(exc), platform=system)
+    if result.pop("failed", False):
+        module.fail_json(platform=system, **result)
+    module.exit_json(changed=False, platform=system, **result)
 
 
 if __name__ == "__main__":
