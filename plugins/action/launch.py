@@ -243,13 +243,16 @@ class ActionModule(ActionBase):
             lines=launch_slurm.Lines(job) if slurm else Lines(job),
             terminal=terminal,
         )
-        if folded:
-            problems = preflight_problems(launcher.preflight(preflight_specs(job, cables)))
-            if problems:
-                launcher.close()
-                terminal.close()
-                return self._refused(result, job, problems)
         try:
+            if folded:
+                try:
+                    problems = preflight_problems(launcher.preflight(preflight_specs(job, cables)))
+                except BaseException:
+                    launcher.close()
+                    raise
+                if problems:
+                    launcher.close()
+                    return self._refused(result, job, problems)
             outcome = launcher.run()
         finally:
             terminal.close()
