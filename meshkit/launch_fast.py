@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, meshccl_build
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, linux_net, macos, meshccl_build
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DISCOVER_PORTS
 
 from meshkit import launch_connection
@@ -241,6 +241,31 @@ def run_checks(
     with ThreadPoolExecutor(max_workers=min(32, len(specs) or 1)) as pool:
         answers = dict(zip(specs, pool.map(one, specs), strict=True))
     return answers
+
+
+def preflight_specs(job: dict[str, Any], cables: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per host of the job, what its agent's preflight checks (launch_agent.check_host): the module
+    launch_preflight's checks, its cables (``cables``: the plan's per_host) included, no facts. The
+    cable checks are the collection's own (macos.launch_checks), their sources sent with the spec."""
+    modules = {name: Path(module.__file__).read_text() for name, module in (("macos", macos), ("linux_net", linux_net))}
+    specs = {}
+    for host in dict.fromkeys(r["host"] for r in job["ranks"]):
+        specs[host] = {"preflight": host_preflight(job, host), "cables": cables.get(host) or [], "facts": False}
+        specs[host]["modules"] = modules
+    return specs
+
+
+def preflight_everywhere(
+    job: dict[str, Any], connections: dict[str, dict[str, Any]], cables: dict[str, list[dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
+    """launch.yml's preflight on every host of the job at once, in one round trip each over the
+    connection its ranks then use (the agent's check mode): per host, what the module
+    launch_preflight reports. A host that cannot be checked gets that as its problem."""
+    answers = run_checks(connections, preflight_specs(job, cables))
+    out = {}
+    for host, answer in answers.items():
+        out[host] = answer.get("preflight") or {"problems": [f"cannot be checked: {answer.get('error')}"]}
+    return out
 
 
 def stale_reasons(

@@ -63,6 +63,8 @@ BOOTSTRAP = (
     "exec(compile(r(int(r(10))), 'meshkit-launch-agent', 'exec'))\n"
 )
 AGENT_SOURCE = Path(launch_agent.__file__)
+# Seconds every host's preflight may take (its `python -m` probe alone may take 60 s).
+PREFLIGHT_TIMEOUT = 90.0
 TAIL_LINES = 20
 # Input for the ranks is read from the launcher's stdin only while every host's unsent data is
 # below this: a host that does not take its input holds the broadcast up, never the launcher.
@@ -517,7 +519,8 @@ class Launcher:
 
     # --- the job ------------------------------------------------------------------------------------
 
-    def _start_hosts(self) -> None:
+    def _connect_hosts(self, first_line: Callable[[HostJob], bytes]) -> None:
+        """Start every host's connection and send it the agent's source and ``first_line``."""
         source = AGENT_SOURCE.read_bytes()
         self.hosts: list[_Host] = []
         for hj in self.hosts_spec:
@@ -530,6 +533,99 @@ class Launcher:
             )
             host = _Host(hj, proc)
             self.hosts.append(host)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                os.set_blocking(stream.fileno(), False)
+            for stream in (proc.stdout, proc.stderr):
+                self.sel.register(stream, selectors.EVENT_READ, host)
+            self._queue(host, f"{len(source):010d}".encode() + source + first_line(hj))
+
+    def preflight(self, specs: dict[str, dict[str, Any]], timeout: float = PREFLIGHT_TIMEOUT) -> dict[str, Any]:
+        """launch.yml's preflight on the connections the ranks then use, before anything starts:
+        each host's agent checks its host (launch_agent.check_host with ``specs[host]``), answers
+        and waits for the job. Returns {host: what its preflight found}; a host that could not
+        answer has that as its problem. run() then sends the job over the same connections, or
+        close() ends them with nothing started."""
+        self.sel = selectors.DefaultSelector()
+        self._connect_hosts(lambda hj: (json.dumps({"preflight": specs[hj.host]}) + "\n").encode())
+        answers: dict[str, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(answers) < len(self.hosts):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for key, _ in self.sel.select(min(left, 0.05)):
+                if isinstance(key.data, tuple):
+                    self._flush(key.data[1])
+                    continue
+                host, stream = key.data, key.fileobj
+                try:
+                    chunk = os.read(stream.fileno(), 1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if stream is host.proc.stderr:
+                    if not chunk:
+                        self.sel.unregister(stream)
+                    host.stderr.extend(line for line in chunk.decode(errors="replace").splitlines() if line.strip())
+                    continue
+                if not chunk:
+                    self.sel.unregister(stream)
+                    host.closed_out = True
+                    if host.job.host not in answers:
+                        # What the connection said last (ssh's own complaint) is on its stderr.
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            host.proc.wait(2.0)
+                        with contextlib.suppress(OSError):  # BlockingIOError included: nothing more now
+                            while chunk := os.read(host.proc.stderr.fileno(), 1 << 16):
+                                host.stderr.extend(x for x in chunk.decode(errors="replace").splitlines() if x.strip())
+                        tail = " / ".join(list(host.stderr)[-3:]) or "no output"
+                        answers[host.job.host] = f"its connection ended ({tail})"
+                    continue
+                host.heard_at = time.monotonic()
+                host.buf += chunk
+                while (end := host.buf.find(b"\n")) >= 0:
+                    line = bytes(host.buf[:end])
+                    del host.buf[: end + 1]
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        host.stderr.append(line.decode(errors="replace"))  # a login banner
+                        continue
+                    if msg.get("t") == "preflight":
+                        answers[host.job.host] = msg.get("result") or {}
+                        break  # what follows is the job's (after run() sends it)
+                    if msg.get("t") == "error":
+                        answers[host.job.host] = str(msg.get("msg"))
+        out: dict[str, Any] = {}
+        for host in self.hosts:
+            found = answers.get(host.job.host, f"no answer within {timeout:g} s")
+            out[host.job.host] = found if isinstance(found, dict) else {"problems": [f"cannot be checked: {found}"]}
+        return out
+
+    def close(self) -> None:
+        """End the connections preflight() opened, starting nothing: each agent sees the end of its
+        input and exits; a connection still there after a few seconds is killed."""
+        for host in getattr(self, "hosts", []):
+            with contextlib.suppress(OSError):
+                host.proc.stdin.close()
+        deadline = time.monotonic() + 5.0
+        for host in getattr(self, "hosts", []):
+            try:
+                host.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                host.proc.kill()
+                host.proc.wait()
+            for stream in (host.proc.stdout, host.proc.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
+
+    def _start_hosts(self) -> None:
+        if getattr(self, "hosts", None) is None:
+            self._connect_hosts(lambda _hj: b"")
+        for host in self.hosts:
+            hj = host.job
+            host.heard_at = time.monotonic()  # (a preflight's answer may be long past)
             payload = {
                 "job": self.job_id,
                 "dir": hj.job_dir,
@@ -543,11 +639,7 @@ class Launcher:
             if os.environ.get("MESHKIT_AGENT_PORTABLE") == "1":
                 # Linux agents on macOS's way of finding a job's processes (ps only; docs/launch.md).
                 payload["portable"] = True
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                os.set_blocking(stream.fileno(), False)
-            for stream in (proc.stdout, proc.stderr):
-                self.sel.register(stream, selectors.EVENT_READ, host)
-            self._queue(host, f"{len(source):010d}".encode() + source + (json.dumps(payload) + "\n").encode())
+            self._queue(host, (json.dumps(payload) + "\n").encode())
 
     # --- writing to hosts, never blocking -------------------------------------------------------
 
@@ -822,7 +914,8 @@ class Launcher:
     def run(self) -> JobResult:
         self.t0 = time.monotonic()
         self.all_running: float | None = None
-        self.sel = selectors.DefaultSelector()
+        if getattr(self, "hosts", None) is None:  # else preflight() connected them, with its selector
+            self.sel = selectors.DefaultSelector()
         self.stdin_done = self.stdin_paused = False
         self.beat_at = self.t0
         self._open_logs()

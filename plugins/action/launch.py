@@ -24,7 +24,7 @@ try:  # the controller package (pip install meshkit); the collection's hosts nev
         ConnectionError_,
         connection_for,
     )
-    from meshkit.launch_fast import context_of
+    from meshkit.launch_fast import context_of, preflight_everywhere, preflight_specs
     from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
     from meshkit.launch_plan import LaunchError, preflight_problems, secret_values
     from meshkit.launcher import Launcher, Terminal
@@ -118,6 +118,13 @@ class ActionModule(ActionBase):
         ssh = self._ssh_options(hv) if kind in ("ssh", "ansible.builtin.ssh", "smart", "ansible.legacy.ssh") else None
         return connection_for(host, hv, self._templar, ssh=ssh, become=self._become(hv))
 
+    @staticmethod
+    def _refused(result: dict, job: dict, problems: list[str]) -> dict:
+        result["failed"] = True
+        result["changed"] = False
+        result["msg"] = f"preflight failed; no rank of job {job['job_id']} was started:\n  - " + "\n  - ".join(problems)
+        return result
+
     def run(self, tmp=None, task_vars=None):
         if MESHKIT_IMPORT_ERROR is not None:
             raise missing_controller_package()
@@ -126,18 +133,14 @@ class ActionModule(ActionBase):
         args = self._task.args
         job = args["job"]
         result["changed"] = True
-        if self._play_context.check_mode:
+        check_hosts = bool(args.get("check_hosts"))
+        if self._play_context.check_mode and not check_hosts:
             result["changed"] = False
             result["msg"] = f"check mode: job {job['job_id']} would start {job['world_size']} ranks"
             return result
-        problems = preflight_problems(dict(args.get("preflight") or {}))
-        if problems:
-            result["failed"] = True
-            result["changed"] = False
-            result["msg"] = f"preflight failed; no rank of job {job['job_id']} was started:\n  - " + "\n  - ".join(
-                problems
-            )
-            return result
+        preflight = dict(args.get("preflight") or {})
+        if preflight and (problems := preflight_problems(preflight)):
+            return self._refused(result, job, problems)
         try:
             connections = {
                 host: self._launch_connection(host, task_vars["hostvars"][host])
@@ -145,7 +148,23 @@ class ActionModule(ActionBase):
             }
         except ConnectionError_ as exc:
             result["failed"] = True
+            result["changed"] = False
             result["msg"] = str(exc)
+            return result
+        cables = dict(args.get("cables") or {})
+        slurm = (args.get("scheduler") or "meshkit") == "slurm"
+        # launch.yml's preflight, on every host at once over the connection its ranks then use. Where
+        # an agent per host starts the ranks it is that agent's first answer, on the job's own
+        # connection (below); else (check mode, `meshkit launch`, Slurm, MPI) a round trip of its own.
+        folded = check_hosts and not (self._play_context.check_mode or args.get("prepare_to") or slurm)
+        folded = folded and job["runtime"] != "mpi"
+        if check_hosts and not folded:
+            problems = preflight_problems(preflight_everywhere(job, connections, cables))
+            if problems:
+                return self._refused(result, job, problems)
+        if self._play_context.check_mode:
+            result["changed"] = False
+            result["msg"] = f"check mode: job {job['job_id']} would start {job['world_size']} ranks"
             return result
         if args.get("prepare_to"):
             # `meshkit launch`: everything is checked; the CLI starts the ranks itself, with stdin.
@@ -189,7 +208,6 @@ class ActionModule(ActionBase):
             result["changed"] = False
             result["msg"] = f"launch_scheduler={scheduler!r}: use meshkit (the default) or slurm"
             return result
-        slurm = scheduler == "slurm"
         given = [name for name in ("submit_host", "partition", "batch") if args.get(name)]
         if given and not slurm:
             result["failed"] = True
@@ -226,6 +244,15 @@ class ActionModule(ActionBase):
             terminal=terminal,
         )
         try:
+            if folded:
+                try:
+                    problems = preflight_problems(launcher.preflight(preflight_specs(job, cables)))
+                except BaseException:
+                    launcher.close()
+                    raise
+                if problems:
+                    launcher.close()
+                    return self._refused(result, job, problems)
             outcome = launcher.run()
         finally:
             terminal.close()

@@ -48,36 +48,50 @@ def ssh_proxy(target: str, options: list[str]) -> str | None:
     return None
 
 
+def ssh_options(connection) -> list[str]:
+    """The ssh options Ansible's connection to the host uses (ssh_args, ssh_common_args, ssh_extra_args)."""
+    options: list[str] = []
+    for name in ("ssh_args", "ssh_common_args", "ssh_extra_args"):
+        try:
+            value = connection.get_option(name)
+        except (KeyError, AttributeError, AnsibleError):
+            continue
+        options += shlex.split(value or "")
+    return options
+
+
+def with_controller_addresses(action: ActionBase, args: dict) -> tuple[dict, str | None]:
+    """The management options ``args`` with ``controller_addresses`` filled in (unless given), and
+    the jump host or proxy ssh reaches the host through (then none is filled in: the host sees the
+    jump host, not this machine, and the controller's own address would only mislead)."""
+    args = dict(args)
+    target = args.get("address") or action._play_context.remote_addr
+    proxy = None
+    if target and action._connection.transport in ("ssh", "ansible.builtin.ssh", "ansible.legacy.ssh"):
+        proxy = ssh_proxy(str(target), ssh_options(action._connection))
+    if target and not args.get("controller_addresses") and proxy is None:
+        port = action._play_context.port or 22
+        args["controller_addresses"] = source_addresses(str(target), int(port))
+    return args, proxy
+
+
+def controller_facts(args: dict, proxy: str | None) -> dict:
+    """What the action adds to the module's result: the controller addresses it gave, or why none."""
+    out = {"controller_addresses": args.get("controller_addresses", [])}
+    if proxy:
+        out["controller_addresses_skipped"] = f"ssh reaches the host through {proxy}"
+    return out
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-
-    def _ssh_options(self) -> list[str]:
-        options: list[str] = []
-        for name in ("ssh_args", "ssh_common_args", "ssh_extra_args"):
-            try:
-                value = self._connection.get_option(name)
-            except (KeyError, AttributeError, AnsibleError):
-                continue
-            options += shlex.split(value or "")
-        return options
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
-        args = dict(self._task.args)
-        target = args.get("address") or self._play_context.remote_addr
-        proxy = None
-        if target and self._connection.transport in ("ssh", "ansible.builtin.ssh", "ansible.legacy.ssh"):
-            proxy = ssh_proxy(str(target), self._ssh_options())
-        if target and not args.get("controller_addresses") and proxy is None:
-            port = self._play_context.port or 22
-            args["controller_addresses"] = source_addresses(str(target), int(port))
+        args, proxy = with_controller_addresses(self, dict(self._task.args))
         result.update(
             self._execute_module(module_name="meshkit.cluster.management", module_args=args, task_vars=task_vars)
         )
-        result["controller_addresses"] = args.get("controller_addresses", [])
-        if proxy:
-            # Behind a jump host the host sees the jump host, not this machine: the controller's own
-            # address would only mislead.
-            result["controller_addresses_skipped"] = f"ssh reaches the host through {proxy}"
+        result.update(controller_facts(args, proxy))
         return result

@@ -18,7 +18,14 @@ import time
 from typing import Any
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, linux_net, linux_persist, macos, rdma
+from ansible_collections.meshkit.cluster.plugins.module_utils import (
+    hostfiles,
+    linux_net,
+    linux_persist,
+    macos,
+    management,
+    rdma,
+)
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
     MANAGEMENT_ARGS,
     apply,
@@ -145,6 +152,32 @@ def bridge_detach(module: Any) -> dict[str, Any]:
     apply(module, run, plan["commands"])
     linux_persist.module_write(module, run, files, file_changes)
     return result
+
+
+# ---- management ----------------------------------------------------------------------------------
+
+ESTABLISH_ARGS: dict[str, dict[str, Any]] = {
+    "host": {"type": "str"},
+    "address": {"type": "str"},
+    "controller_addresses": {"type": "list", "elements": "str", "default": []},
+    "interface": {"type": "str"},
+    "bridge": {"type": "str"},
+    "pool": {"type": "str"},
+    "peer_ports": {"type": "list", "elements": "str", "default": []},
+}
+
+
+def establish(module: Any) -> dict[str, Any]:
+    """Which interface carries the management connection, or a refusal (module management);
+    changes nothing."""
+    system = platform.system()
+    try:
+        result = management.establish(module.params, runner(module), system, management.system_resolve)
+    except (management.ManagementError, ValueError) as exc:
+        module.fail_json(msg=str(exc), platform=system)
+    if result.pop("failed", False):
+        module.fail_json(platform=system, **result)
+    return {"changed": False, "platform": system, **result}
 
 
 # ---- discover ------------------------------------------------------------------------------------

@@ -8,8 +8,12 @@ JSON object per line. Standard library only: it runs under whatever Python the h
 controller sends its source over the connection, so hosts need no copy of meshkit.
 
 Controller -> agent (stdin):
-  0. or instead of a job, a check: {"check": {...}} (see check_host()); the agent answers
-     {"t": "checked", "preflight": {...}, "facts": {...}} and exits, starting nothing.
+  0. before the job, a preflight: {"preflight": {...}} (check_host()'s spec); the agent answers
+     {"t": "preflight", "result": check_host()'s "preflight"} and waits for the job (1.); the end
+     of input instead (the launch was refused) ends it, starting nothing.
+     Or instead of a job, a check: {"check": {...}} (see check_host()); the agent answers
+     {"t": "checked", "preflight": {...}, "facts": {...}} and exits, starting nothing. A check may
+     carry collection module_utils' sources ("modules", see SentSources) for checks that need them.
   1. the job: {"job", "dir", "files": {name: text}, "grace", "stdin": bool, "host_timeout",
      "heartbeat", "ranks": [{"rank", "argv", "env", "cwd"}]}
   2. then any number of {"t": "stdin", "d": text}, {"t": "stdin_eof"}, {"t": "stop", "why": text},
@@ -572,11 +576,91 @@ def host_facts(spec: dict) -> dict:
     return facts
 
 
+MODULE_UTILS = "ansible_collections.meshkit.cluster.plugins.module_utils"
+
+
+class SentSources:
+    """An import finder for the collection's module_utils whose sources the controller sent with a
+    check ({short name: source}): the host has no copy of the collection. The packages on the way
+    are empty; ``launch_agent`` is this agent itself (the same source)."""
+
+    def __init__(self, sources: dict, me: Any) -> None:
+        self.sources = sources
+        self.me = me
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        # importlib.machinery was imported before this finder was put in place (module_util()):
+        # an import from here would come back here.
+        spec = sys.modules["importlib.machinery"].ModuleSpec
+        if name == MODULE_UTILS or MODULE_UTILS.startswith(name + "."):
+            return spec(name, self, is_package=True)
+        short = name[len(MODULE_UTILS) + 1 :] if name.startswith(MODULE_UTILS + ".") else None
+        if short in self.sources or short == "launch_agent":
+            return spec(name, self)
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        if spec.name == MODULE_UTILS + ".launch_agent":
+            return self.me
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        name = module.__name__
+        if module is self.me:
+            return
+        if name == MODULE_UTILS or MODULE_UTILS.startswith(name + "."):
+            module.__path__ = []
+            return
+        short = name[len(MODULE_UTILS) + 1 :]
+        exec(compile(self.sources[short], f"<meshkit {short}.py>", "exec"), module.__dict__)
+
+
+def module_util(name: str, sources: dict | None) -> Any:
+    """The collection's module_utils ``name``: from the sources the controller sent (this host has
+    no collection), else imported as usual (the agent imported as a module, in tests)."""
+    import importlib
+    import importlib.machinery  # SentSources uses it
+
+    if sources and not any(isinstance(f, SentSources) for f in sys.meta_path):
+        sys.meta_path.insert(0, SentSources(sources, sys.modules[__name__]))
+    return importlib.import_module(f"{MODULE_UTILS}.{name}")
+
+
+def run_command(argv: list[str]) -> tuple[int, str, str]:
+    """run(argv) -> (rc, out, err) in the C locale, as the host modules run commands; a command that
+    cannot start gives rc 127 and why."""
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            env=dict(os.environ, LC_ALL="C", LANG="C"),
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, "", str(exc)
+    return done.returncode, done.stdout, done.stderr
+
+
+def cable_checks(links: list[dict], interpreter: str | None, sources: dict | None) -> dict:
+    """The launch preflight's checks of this host's cables (macos.launch_checks, as the
+    launch_preflight module runs them): no cable port in a bridge, every peer reachable from the
+    ranks' interpreter."""
+    import platform
+
+    macos = module_util("macos", sources)
+    return macos.launch_checks(links, run_command, platform.system(), interpreter=interpreter)
+
+
 def check_host(spec: dict) -> dict:
-    """The whole check of one host: {"preflight": ..., "facts": ...}."""
+    """The whole check of one host: {"preflight": ..., "facts": ...}. With ``spec["cables"]`` (the
+    plan's cables of this host) the preflight also checks them as launch.yml's preflight does
+    (cable_checks()); with ``spec["facts"]`` false, no facts are read."""
     job = spec.get("preflight") or {}
     result: dict = {"t": "checked"}
-    result["preflight"] = preflight(
+    found = preflight(
         job.get("argv") or ["true"],
         path=job.get("path"),
         path_prepend=job.get("path_prepend"),
@@ -584,7 +668,16 @@ def check_host(spec: dict) -> dict:
         require=job.get("require"),
         ports=job.get("ports"),
     )
-    result["facts"] = host_facts(spec)
+    if spec.get("cables"):
+        checks = cable_checks(spec["cables"], found["interpreter"], spec.get("modules"))
+        found = {
+            **found,
+            **{k: v for k, v in checks.items() if k != "problems"},
+            "problems": list(found["problems"]) + list(checks["problems"]),
+        }
+    result["preflight"] = found
+    if spec.get("facts", True):
+        result["facts"] = host_facts(spec)
     return result
 
 
@@ -1629,6 +1722,17 @@ class Agent:
             except Exception as exc:
                 self.send(t="error", msg=f"cannot check the host: {exc!r}")
             return 0
+        if "preflight" in job:
+            # The launch's preflight, on the connection the job then comes over: the answer, then the
+            # job, or the end of input when any host's preflight refused it (nothing starts).
+            try:
+                self.send(t="preflight", result=check_host(job["preflight"])["preflight"])
+            except Exception as exc:
+                self.send(t="error", msg=f"cannot check the host: {exc!r}")
+                return 1
+            job = self.read_line()
+            if job is None:
+                return 0
         self.job = job
         self.portable = _platform_mode() == "portable" or job.get("portable") is True
         # Before the watchdog exists, so that it writes to the same agent.log descriptor; on a

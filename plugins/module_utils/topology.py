@@ -11,6 +11,7 @@ on macOS) and the identities it saw at the other end. Everything later
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import traceback
 from collections import Counter
@@ -20,15 +21,32 @@ from typing import Any
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL
 from ansible_collections.meshkit.cluster.plugins.module_utils.naming import natural_key
 
+
+def _networkx() -> Any:
+    import networkx
+
+    return networkx
+
+
+class _Networkx:
+    """networkx, imported when the planner first uses it: the host modules that import this file
+    (through hostfiles and plan_contract) never plan, and networkx costs them about 0.2 s a call."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_networkx(), name)
+
+
 # networkx is a requirement of the controller, where the plan is made (cabling_plan fails with
 # missing_required_lib() without it); importing this file must not need it.
 try:
-    import networkx as nx
-except ImportError:
+    if importlib.util.find_spec("networkx") is None:
+        _networkx()  # not there: the ImportError an import gives, for the message
+except (ImportError, ValueError):
     nx = None
     HAS_NETWORKX = False
     NETWORKX_IMPORT_ERROR: str | None = traceback.format_exc()
 else:
+    nx = _Networkx()
     HAS_NETWORKX = True
     NETWORKX_IMPORT_ERROR = None
 

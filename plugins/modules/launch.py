@@ -9,8 +9,11 @@ DOCUMENTATION = r"""
 module: launch
 short_description: Start a planned job on every host, supervise it, stop every rank when one fails
 description:
-  - Runs on the controller (action plugin). Checks the preflight results of every host first (each host's problems,
-    and a program, interpreter or script that is not at the same path everywhere) and starts nothing if any fails.
+  - Runs on the controller (action plugin). Checks the preflight of every host first (each host's problems, and a
+    program, interpreter or script that is not at the same path everywhere) and starts nothing if any fails. With
+    O(check_hosts) every host runs that preflight itself, all at once, in one round trip each over the connection its
+    ranks then use (the supervisor's check mode; see M(meshkit.cluster.launch_preflight) for the checks); else
+    O(preflight) gives the results.
   - Reaches every host with the inventory's connection settings (ssh with the inventory's address, user, key and
     options, so host key checking stays as configured; the lab's C(meshkit.cluster.netns) through C(nsenter)) and
     starts one supervisor per host over that connection; it starts the host's ranks and streams their output.
@@ -51,6 +54,18 @@ options:
   preflight:
     description: Per host, the result of M(meshkit.cluster.launch_preflight).
     type: dict
+  check_hosts:
+    description:
+      - Have every host run the preflight of M(meshkit.cluster.launch_preflight) (the same checks and messages) over
+        its launch connection, before anything starts. In check mode too (it changes nothing); then nothing starts.
+    type: bool
+    default: false
+  cables:
+    description:
+      - With O(check_hosts), per host its cables as the plan has them (C(per_host) of plan.json), for the preflight's
+        cable checks (C(links) of M(meshkit.cluster.launch_preflight)).
+    type: dict
+    default: {}
   log_dir:
     description: Where the logs go on the controller; the job's own C(log_dir) by default.
     type: path

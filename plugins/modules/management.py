@@ -90,75 +90,14 @@ platform:
   type: str
 """
 
-import contextlib
-import functools
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
 from ansible_collections.meshkit.cluster.plugins.module_utils import management as mg
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import runner
 
-
-def establish(params: dict, run, system: str, resolve: mg.Resolve, environ: dict | None = None) -> dict:
-    """The module's work, without AnsibleModule: {"interface", "findings", "failed"?, "msg"?}."""
-    host = params.get("host") or params.get("address") or "this host"
-    if system == "Darwin":
-        net = mg.darwin_hostnet(run)
-        route = functools.partial(mg.darwin_route_interface, run)
-        rc, out, _err = run(list(macos.HARDWARE_PORTS))
-        hardware = macos.parse_hardware_ports(out) if rc == 0 else {}
-        peers = [dev for name, dev in hardware.items() if name.startswith("Thunderbolt ") and name[-1:].isdigit()]
-    else:
-        net = mg.linux_hostnet(run)
-        route = functools.partial(mg.linux_route_interface, run)
-        peers = list(params.get("peer_ports") or [])
-    found = mg.findings(
-        params.get("address"), params.get("controller_addresses") or [], net, route, resolve, environ, peers
-    )
-    result: dict = {"findings": [f.as_dict() for f in found], "interface": None}
-    try:
-        mgmt = mg.decide(host, params.get("interface"), found, net)
-    except mg.ManagementError as exc:
-        return {**result, "failed": True, "msg": str(exc)}
-    result["interface"] = mgmt
-    bridge = params.get("bridge")
-    # What the management interface rests on (a VLAN's lower device, a bond's ports) counts as it.
-    rests_on = linux_net.protected(net.links, mgmt) if net.links else {mgmt}
-    inside = sorted(n for n in rests_on if n == bridge or n in net.bridge_members.get(bridge or "", []))
-    if bridge and inside:
-        what = (
-            f"{bridge} itself"
-            if mgmt == bridge
-            else f"{mgmt}, a member of {bridge}"
-            if inside == [mgmt]
-            else f"{mgmt}, which rests on {', '.join(i for i in inside if i != mgmt)} ({bridge} or a member)"
-        )
-        return {
-            **result,
-            "failed": True,
-            "msg": f"{host}: the management connection runs over {what}; taking {bridge} apart would cut the "
-            "connection this play runs over. Move management off the bridge first (docs/runbooks/"
-            "thunderbolt-bridge.md); nothing was changed on any host",
-        }
-    if params.get("pool"):
-        ssh_client = mg.ssh_connection(environ)[0]
-        addresses = {
-            "the controller's address": params.get("controller_addresses") or [],
-            "SSH_CONNECTION's client": [ssh_client] if ssh_client else [],
-        }
-        if params.get("address"):
-            with contextlib.suppress(OSError, UnicodeError):
-                # Answers on peer ports are cable addresses meshkit itself gave (mDNS names them too).
-                addresses["ansible_host"] = [
-                    a
-                    for a, _scope in resolve(params["address"])
-                    if not any(mg.matches(h, peers) for h in net.holders(a)) or not peers
-                ]
-        conflicts = mg.pool_conflicts(params["pool"], net, peers, mgmt, addresses)
-        if conflicts:
-            return {**result, "failed": True, "msg": mg.refuse_pool(host, params["pool"], conflicts)}
-    return result
+# The work itself, in module_utils: launch_facts runs it with discovery in one call (host_steps.establish).
+from ansible_collections.meshkit.cluster.plugins.module_utils.management import establish
 
 
 def main() -> None:

@@ -411,3 +411,49 @@ def test_the_job_carries_the_host_timeout_when_one_is_given() -> None:
     assert "host_timeout" not in launch_plan.make_job(PLAN, plain, INPUTS, job_id="j")  # the launcher's default
     given = launch_plan.validate({"program": "true", "runtime": "plain", "host_timeout": "45"})
     assert launch_plan.make_job(PLAN, given, INPUTS, job_id="j")["host_timeout"] == 45.0
+
+
+# ---- launch.yml's preflight through the agent (preflight_everywhere) -----------------------------
+
+
+def test_the_preflight_everywhere_checks_program_and_cables_as_the_module_does(tmp_path: Path) -> None:
+    """The same checks and messages as the launch_preflight module: the program on every host, and
+    each cable's peer probed from the ranks' interpreter (here: loopback, refused = reachable)."""
+    job = {
+        "runtime": "plain",
+        "ports": {},
+        "ranks": [
+            {"rank": 0, "host": "a", "argv": ["sh", "-c", "true"], "env": {}},
+            {"rank": 1, "host": "b", "argv": [str(tmp_path / "missing")], "env": {}},
+        ],
+    }
+    link = {"port": "lo", "address": "127.0.0.1", "prefix": 8, "peer_address": "127.0.0.1", "peer_host": "b"}
+    connections = {host: {"kind": "local", "python": sys.executable} for host in ("a", "b")}
+    found = launch_fast.preflight_everywhere(job, connections, {"a": [link]})
+    assert found["a"]["problems"] == [] and found["a"]["program"] == os.path.realpath(shutil.which("sh"))
+    [peer] = found["a"]["peers"]
+    assert peer["kind"] == "reachable" and peer["peer_host"] == "b", peer
+    assert found["a"]["bridged"] == {} and "via" in found["a"]["context"]
+    assert found["b"]["problems"] == [f"program {tmp_path / 'missing'} not found, or not executable"]
+    assert launch_plan.preflight_problems(found) == [f"b: program {tmp_path / 'missing'} not found, or not executable"]
+
+
+def test_the_cable_checks_run_the_module_utils_the_controller_sent(tmp_path: Path) -> None:
+    """The host has no collection: the agent imports what the check carries (macos, linux_net, and
+    itself as launch_agent), never a copy the host may have of another version."""
+    fake = (
+        "from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import preflight\n"
+        "def launch_checks(links, run, system, interpreter=None, **kw):\n"
+        "    rc, out, _err = run(['sh', '-c', 'echo ran'])\n"
+        "    return {'problems': [f'sent {len(links)} {out.strip()} {callable(preflight)}'], 'notes': [],\n"
+        "            'peers': [], 'bridged': {}, 'context': {}, 'probed_with': None}\n"
+    )
+    spec = {
+        "preflight": {"argv": ["sh"], "ports": []},
+        "cables": [{"port": "lo", "peer_address": "127.0.0.1"}],
+        "facts": False,
+        "modules": {"macos": fake},
+    }
+    answers = launch_fast.run_checks({"here": {"kind": "local", "python": sys.executable}}, {"here": spec})
+    assert answers["here"]["preflight"]["problems"] == ["sent 1 ran True"], answers
+    assert "facts" not in answers["here"]

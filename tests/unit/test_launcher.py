@@ -1287,3 +1287,51 @@ def test_a_group_number_used_again_after_the_job_ended_is_not_signalled(tmp_path
             taker.wait()
     assert "watchdog killed" not in (tmp_path / "job" / "agent.log").read_text()
     assert settled(job_id) == []
+
+
+# ---- the preflight on the job's own connections (launch.yml's check_hosts) -------------------------
+
+
+def preflight_spec(argv: list[str]) -> dict[str, Any]:
+    return {"preflight": {"argv": argv, "ports": []}, "facts": False}
+
+
+def test_the_preflight_answers_on_the_connections_the_job_then_runs_over(tmp_path: Path, job_id: str) -> None:
+    """Every agent checks its host first and waits; the job then comes over the same connection."""
+    events: list[str] = []
+    hosts = hosts_for(tmp_path, job_id, [sh("echo rank $MESHKIT_RANK")] * 4)
+    run = Launcher(hosts, job_id, tmp_path / "logs", grace=1.0, on_event=events.append)
+    found = run.preflight({host: preflight_spec(["sh", "-c", "true"]) for host in HOSTS})
+    assert set(found) == set(HOSTS)
+    assert all(r["problems"] == [] and r["program"] == os.path.realpath(shutil.which("sh")) for r in found.values())
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "jobs").exists()  # nothing started yet
+    agents = [host.proc.pid for host in run.hosts]
+    result = run.run()
+    assert result.ok, result.summary()
+    assert [host.proc.pid for host in run.hosts] == agents  # no second connection
+    assert (tmp_path / "logs" / "rank-3.log").read_text() == "rank 3\n"
+    assert settled(job_id) == []
+
+
+def test_a_refused_preflight_starts_nothing_and_leaves_no_agent(tmp_path: Path, job_id: str) -> None:
+    hosts = hosts_for(tmp_path, job_id, [SLEEP] * 4)
+    run = Launcher(hosts, job_id, tmp_path / "logs", grace=1.0)
+    specs = {"hostA": preflight_spec(["sh"]), "hostB": preflight_spec([str(tmp_path / "missing")])}
+    found = run.preflight(specs)
+    assert found["hostA"]["problems"] == []
+    assert found["hostB"]["problems"] == [f"program {tmp_path / 'missing'} not found, or not executable"]
+    run.close()
+    assert all(host.proc.poll() is not None for host in run.hosts)  # every agent ended with its input
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "jobs").exists()
+    assert settled(job_id) == []
+
+
+def test_a_host_that_cannot_answer_its_preflight_is_named(tmp_path: Path, job_id: str) -> None:
+    broken = sh("echo 'ssh: connect to host hostB port 22: No route to host' >&2; exit 255")
+    hosts = hosts_for(tmp_path, job_id, [SLEEP] * 4, argv={"hostB": broken})
+    run = Launcher(hosts, job_id, tmp_path / "logs", grace=1.0)
+    found = run.preflight({host: preflight_spec(["sh"]) for host in HOSTS})
+    run.close()
+    assert found["hostA"]["problems"] == []
+    [problem] = found["hostB"]["problems"]
+    assert problem == "cannot be checked: its connection ended (ssh: connect to host hostB port 22: No route to host)"
