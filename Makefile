@@ -127,7 +127,7 @@ integration: venv
 ## then every Python test (unit, meshccl jobs, lab integration) in one pytest run.
 ## Its wall time, from the first prerequisite to the last test, is printed at the end (also when it fails).
 test:
-	@start=$$(date +%s); $(MAKE) --no-print-directory test-steps; rc=$$?; took=$$(( $$(date +%s) - start )); \
+	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory test-steps || rc=$$?; took=$$(( $$(date +%s) - start )); \
 	  echo "make test: $$(( took / 60 )) min $$(( took % 60 )) s, exit $$rc"; exit $$rc
 
 test-steps: lint sanity meshccl-cpp meshccl-sanitize meshccl-fuzz meshccl-macos meshccl-portable

@@ -14,7 +14,7 @@ description:
   - 1. O(links) (M(meshkit.cluster.peer_link)) gives every cable end its address, host route and MTU.
   - 2. O(ping) (M(meshkit.cluster.cable_check)) pings across every cable, bound to its port; its
     O(meshkit.cluster.cable_check#module:ports) default to O(links)'s. Left out or null, no ping (check mode).
-    Not where step 1 changed an address (not in check mode; RV(reping)): every host runs this module at
+    Not where step 1 changed an address (not in check mode; RV(reping)) - every host runs this module at
     once, so the far end may not have its own address yet - the caller pings again (this module with
     O(ping) only) once every host is done.
   - 3. O(rdma) (M(meshkit.cluster.rdma_facts)) reads RDMA again now that the ports have addresses; its

@@ -14,7 +14,7 @@ description:
   - 1. O(bridge) (M(meshkit.cluster.bridge_detach)) takes the peer ports out of the Thunderbolt bridge and
     disables it; left out, the bridge is not touched (a discovery-only run).
   - 2. O(discover) (M(meshkit.cluster.discover)) finds which port is cabled to which host; changes nothing;
-    sets the fact C(meshkit_discovery). Not where step 1 changed something (also in check mode; RV(rediscover)):
+    sets the fact C(meshkit_discovery). Not where step 1 changed something (also in check mode; RV(rediscover)) -
     a peer whose ports are still in its bridge answers nothing, so discovery waits until every host's ports
     have left theirs - the caller runs this module again, without O(bridge), on every host.
   - 3. O(rdma) (M(meshkit.cluster.rdma_facts)) reads RDMA on the ports discovery saw a peer on, with the
