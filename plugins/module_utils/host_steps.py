@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
@@ -73,6 +74,50 @@ def merge_diffs(results: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any
         for d in diff if isinstance(diff, list) else [diff] if diff else []:
             out.append({"before_header": name, "after_header": name, **d})
     return out
+
+
+class Run:
+    """One module call that runs several steps: ``out`` is what the module returns, ``step`` runs one
+    step (``changes=True``: its changed flag and diff count for the call's)."""
+
+    def __init__(self, module: Any):
+        self.module = module
+        self.out: dict[str, Any] = {"changed": False}
+        self.done: list[tuple[str, dict[str, Any]]] = []
+
+    def step(
+        self,
+        name: str,
+        spec: dict[str, dict[str, Any]],
+        params: dict[str, Any],
+        work: Callable[[Any], dict[str, Any]],
+        *,
+        changes: bool = True,
+    ) -> dict[str, Any]:
+        result = work(Step(self.module, name, spec, params))
+        if changes:
+            self.done.append((name, result))
+        return result
+
+    @property
+    def changed(self) -> bool:
+        return any(result.get("changed") for _name, result in self.done)
+
+
+def run_steps(module: Any, body: Callable[[Run], None]) -> None:
+    """Run ``body``'s steps and exit the module: on a step's failure, fail_json with what the steps
+    before it returned, whether they changed anything and the failed step's name (the steps after it do
+    not run); else exit_json with ``changed`` and every changing step's diff, each headed by its step."""
+    run = Run(module)
+    try:
+        body(run)
+    except StepFailed as failed:
+        module.fail_json(**{**run.out, **failed.result, "changed": run.changed, "step": failed.step})
+    run.out["changed"] = run.changed
+    diffs = merge_diffs(run.done)
+    if diffs:
+        run.out["diff"] = diffs
+    module.exit_json(**run.out)
 
 
 # ---- bridge_detach -------------------------------------------------------------------------------

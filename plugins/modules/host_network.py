@@ -120,25 +120,24 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    out: dict = {"changed": False}
-    done: list = []
-    try:
+
+    def body(run: steps.Run) -> None:
+        out = run.out
         ports = None
         if p["links"] is not None:
-            out["links"] = steps.peer_link(steps.Step(module, "links", steps.LINK_ARGS, p["links"]))
-            done.append(("links", out["links"]))
+            out["links"] = run.step("links", steps.LINK_ARGS, p["links"], steps.peer_link)
             ports = p["links"]["ports"]
         # A cable end addressed just now: its peer may not have its own address yet (every host runs this
         # at once), so the caller pings again once every host is done; no ping here that would only wait.
         out["reping"] = bool(out.get("links", {}).get("changed")) and not module.check_mode
         if p["ping"] is not None and not out["reping"]:
             ping_args = {"ports": ports, **p["ping"]} if ports is not None else p["ping"]
-            out["ping"] = steps.cable_check(steps.Step(module, "ping", steps.PING_ARGS, ping_args))
+            out["ping"] = run.step("ping", steps.PING_ARGS, ping_args, steps.cable_check, changes=False)
             out["ansible_facts"] = {"meshkit_cable_check": out["ping"]}
         nccl = None
         if p["rdma"] is not None:
             rdma_args = {"ports": [x["port"] for x in ports or []], **p["rdma"]}
-            facts = steps.rdma_facts(steps.Step(module, "rdma", steps.RDMA_ARGS, rdma_args))
+            facts = run.step("rdma", steps.RDMA_ARGS, rdma_args, steps.rdma_facts, changes=False)
             out["rdma"] = facts["rdma"]
             out["ansible_facts"] = {**out.get("ansible_facts", {}), **facts["ansible_facts"]}
             nccl = facts["rdma"].get("nccl_env") or {}
@@ -146,21 +145,12 @@ def main() -> None:
             args = dict(p["hostfiles"])
             if nccl is not None and args.get("host"):
                 args["nccl"] = {**(args.get("nccl") or {}), args["host"]: nccl}
-            out["hostfiles"] = steps.write_hostfiles(steps.Step(module, "hostfiles", steps.HOSTFILES_ARGS, args))
-            done.append(("hostfiles", out["hostfiles"]))
+            out["hostfiles"] = run.step("hostfiles", steps.HOSTFILES_ARGS, args, steps.write_hostfiles)
         out["directories"] = []
         for spec in p["directories"]:
-            made = steps.directory(steps.Step(module, "directories", steps.DIRECTORY_ARGS, spec))
-            out["directories"].append(made)
-            done.append(("directories", made))
-    except steps.StepFailed as failed:
-        changed = any(r.get("changed") for _name, r in done)
-        module.fail_json(**{**out, **failed.result, "changed": changed, "step": failed.step})
-    out["changed"] = any(r.get("changed") for _name, r in done)
-    diffs = steps.merge_diffs(done)
-    if diffs:
-        out["diff"] = diffs
-    module.exit_json(**out)
+            out["directories"].append(run.step("directories", steps.DIRECTORY_ARGS, spec, steps.directory))
+
+    steps.run_steps(module, body)
 
 
 if __name__ == "__main__":

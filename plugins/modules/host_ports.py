@@ -96,34 +96,28 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    out: dict = {"changed": False}
-    done: list = []
-    try:
+
+    def body(run: steps.Run) -> None:
+        out = run.out
         if p["bridge"] is not None:
-            out["bridge"] = steps.bridge_detach(steps.Step(module, "bridge", steps.BRIDGE_ARGS, p["bridge"]))
-            done.append(("bridge", out["bridge"]))
+            out["bridge"] = run.step("bridge", steps.BRIDGE_ARGS, p["bridge"], steps.bridge_detach)
         # A port that leaves a bridge now is discovered once every host's ports have left theirs (a peer
         # still bridged answers nothing): the caller runs discovery again, without the bridge step.
         out["rediscover"] = bool(out.get("bridge", {}).get("changed"))
-        if not out["rediscover"]:
-            out["discovery"] = steps.discover(steps.Step(module, "discover", steps.DISCOVER_ARGS, p["discover"]))
-            found = out["discovery"]["ports"]
-            rdma = {
-                **p["rdma"],
-                "ports": [x["port"] for x in found if x["seen"] and x["port"]],
-                "generations": {x["port"]: x["generation"] for x in found if x["port"]},
-            }
-            facts = steps.rdma_facts(steps.Step(module, "rdma", steps.RDMA_ARGS, rdma))
-            out["rdma"] = facts["rdma"]
-            out["ansible_facts"] = {**facts["ansible_facts"], "meshkit_discovery": out["discovery"]}
-    except steps.StepFailed as failed:
-        changed = any(r.get("changed") for _name, r in done)
-        module.fail_json(**{**out, **failed.result, "changed": changed, "step": failed.step})
-    out["changed"] = any(r.get("changed") for _name, r in done)
-    diffs = steps.merge_diffs(done)
-    if diffs:
-        out["diff"] = diffs
-    module.exit_json(**out)
+        if out["rediscover"]:
+            return
+        out["discovery"] = run.step("discover", steps.DISCOVER_ARGS, p["discover"], steps.discover, changes=False)
+        found = out["discovery"]["ports"]
+        rdma = {
+            **p["rdma"],
+            "ports": [x["port"] for x in found if x["seen"] and x["port"]],
+            "generations": {x["port"]: x["generation"] for x in found if x["port"]},
+        }
+        facts = run.step("rdma", steps.RDMA_ARGS, rdma, steps.rdma_facts, changes=False)
+        out["rdma"] = facts["rdma"]
+        out["ansible_facts"] = {**facts["ansible_facts"], "meshkit_discovery": out["discovery"]}
+
+    steps.run_steps(module, body)
 
 
 if __name__ == "__main__":
