@@ -12,7 +12,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # installed in ~/.ansible by some other run must never shadow the code being tested.
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
 
-.PHONY: all demo demo-down test test-steps lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
+.PHONY: all demo demo-down test test-steps test-checks lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
 	meshccl-portable meshccl-macos bench bench-deps bench-scale
 
 # meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
@@ -123,15 +123,22 @@ unit: venv
 integration: venv
 	pytest tests/integration
 
-## Lint, meshccl's C++ suites (plain, sanitized, fuzzed), its macOS builds and its macOS code paths on Linux,
-## then every Python test (unit, meshccl jobs, lab integration) in one pytest run.
-## Its wall time, from the first prerequisite to the last test, is printed at the end (also when it fails).
+## Lint, then two lanes at once (scripts/test-lanes; every lab test waits for conditions, not times, and a
+## lane of its own leaves cores idle): `labs`, the lab tests (tests/integration) on two pytest-xdist
+## workers, its output on the terminal; `checks` (test-checks: ansible-test sanity, meshccl's C++ suites
+## plain, sanitized and fuzzed, its macOS builds and macOS code paths on Linux, then tests/meshccl and
+## tests/unit), its log printed whole at the end. Tests sharing a lab stay on one worker (conftest.py).
+## Its wall time, from lint to the last lane's end, is printed at the end (also when it fails).
 test:
 	@start=$$(date +%s); rc=0; $(MAKE) --no-print-directory test-steps || rc=$$?; took=$$(( $$(date +%s) - start )); \
 	  echo "make test: $$(( took / 60 )) min $$(( took % 60 )) s, exit $$rc"; exit $$rc
 
-test-steps: lint sanity meshccl-cpp meshccl-sanitize meshccl-fuzz meshccl-macos meshccl-portable
-	pytest tests --durations=25
+test-steps: lint
+	$(BIN)/python scripts/test-lanes "labs=pytest tests/integration -n 2 --dist loadgroup --durations=25" \
+	  "checks=$(MAKE) --no-print-directory test-checks"
+
+test-checks: sanity meshccl-cpp meshccl-sanitize meshccl-fuzz meshccl-macos meshccl-portable
+	pytest tests/meshccl tests/unit --durations=10
 
 ## Ansible's own checks on the collection as ansible-galaxy builds it (scripts/ansible-sanity).
 sanity: venv

@@ -2,7 +2,8 @@
 
 Every lab a test builds has its own name (prefix "mkt") and its own management
 subnet inside 198.19.0.0/16, so the tests coexist with a developer's `make demo`
-lab (198.18.0.0/24) and with each other; each is removed when its test ends.
+lab (198.18.0.0/24) and with each other (make test runs them on two pytest-xdist
+workers at once); each is removed when its test ends.
 """
 
 from __future__ import annotations
@@ -31,9 +32,19 @@ ENV = dict(
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
+# Modules whose tests share one lab (a module-scoped fixture) run as one xdist group, on one worker; the
+# longest first, so that `pytest -n 2 --dist loadgroup` (make test) does not start them last.
+SHARED_LAB_MODULES = ("test_launch.py", "test_molecule.py", "test_reboot.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.geteuid() != 0 and any("integration" in str(i.path) for i in items):
         pytest.exit("the lab tests build network namespaces and need root: run `make test` as root", returncode=1)
+    for item in items:
+        if item.path.name in SHARED_LAB_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    first = {name: rank for rank, name in enumerate(SHARED_LAB_MODULES)}
+    items.sort(key=lambda i: first.get(i.path.name, len(first)) if "integration" in str(i.path) else len(first) + 1)
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -190,10 +201,12 @@ def release_subnet(subnet: str) -> None:
         pass
 
 
-def new_lab(name: str | None = None, subnet: str | None = None, **variables: Any) -> LabHandle:
-    """A lab handle with a name and subnet no other test (or test run) on this machine uses."""
-    n = next(_counter)
-    return LabHandle(name or f"mkt{os.getpid() % 1000}x{n}", subnet or claim_subnet(), variables)
+def new_lab(name: str | None = None, subnet: str | None = None, *, tag: str = "x", **variables: Any) -> LabHandle:
+    """A lab handle with a name and subnet no other test (or test run, or pytest-xdist worker) on this
+    machine uses: the name carries the third octet of the subnet this process claimed (``tag`` says
+    which test it is for, in a listing), so two processes never make the same name."""
+    subnet = subnet or claim_subnet()
+    return LabHandle(name or f"mkt{subnet.split('.')[2]}{tag}{next(_counter)}", subnet, variables)
 
 
 def drop_lab(handle: LabHandle) -> None:

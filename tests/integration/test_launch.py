@@ -44,9 +44,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, P
     user meshadmin with sudo (root cannot log in; setup.yml becomes root, jobs run as meshadmin).
     Plus an uncabled head node outside the cluster's group (inventory group `heads`): Slurm's
     slurmctld runs there, as on clusters whose login node is not a compute node."""
-    handle = new_lab(
-        f"mkt{os.getpid() % 1000}l", lab_size=4, lab_shape="mesh", lab_access="sudo", lab_names=True, lab_head=True
-    )
+    handle = new_lab(tag="l", lab_size=4, lab_shape="mesh", lab_access="sudo", lab_names=True, lab_head=True)
     artifacts = tmp_path_factory.mktemp("launch-artifacts")
     try:
         built = handle.up()

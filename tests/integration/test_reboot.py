@@ -27,7 +27,7 @@ REAL = {"lab_access": "sudo", "lab_names": True, "lab_network_daemon": "networkd
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, Path]]:
     """A 4-host ring, sudo + names + networkd, converged by setup.yml (as the login user, with become)."""
-    handle = new_lab(f"mkt{os.getpid() % 1000}r", lab_size=4, lab_shape="ring", **REAL)
+    handle = new_lab(tag="r", lab_size=4, lab_shape="ring", **REAL)
     artifacts = tmp_path_factory.mktemp("reboot-artifacts")
     try:
         built = handle.up()
@@ -170,9 +170,7 @@ def test_a_runtime_only_configuration_is_lost_by_the_same_reboot():
     Hosts without a network daemon (on a networkd host, networkd itself puts a port it manages back
     into its bridge within a second of `ip link set ... nomaster`, no reboot needed): the addresses
     hold until the reboot, which brings back the factory network only."""
-    handle = new_lab(
-        f"mkt{os.getpid() % 1000}m", lab_size=2, lab_shape="line", **{**REAL, "lab_network_daemon": "none"}
-    )
+    handle = new_lab(tag="m", lab_size=2, lab_shape="line", **{**REAL, "lab_network_daemon": "none"})
     try:
         built = handle.up()
         assert built.rc == 0, built.output
