@@ -50,11 +50,13 @@ import yaml
 from allreduce import say, terminate_as_interrupt
 from lab import REPO, Lab, LabError, ansible_env
 
+from meshkit import lab_claims
+
 BENCH = Path(__file__).resolve().parent
 CALLBACKS = BENCH / "callback_plugins"
-# Test labs claim their 198.19.x.0/24 with a file named after x here (tests/integration/conftest.py);
-# the bench claims its subnets the same way, so a test run beside it never picks the same one.
-CLAIMS = Path("/run/meshkit-test-subnets")
+# Test labs and the bench claim their 198.19.x.0/24 the same way (meshkit/lab_claims.py), so a test run
+# beside the bench never picks the same one.
+CLAIMS = lab_claims.CLAIMS
 OCTETS = range(248, 201, -1)  # tests take theirs from 1 upwards; bench/allreduce.py 200, bench/ddp.py 201
 
 STEPS = ("setup_first", "setup_again", "launch")
@@ -94,63 +96,11 @@ def name_in_use(name: str) -> list[str]:
     return found
 
 
-def routes_in(subnet: str) -> list[str]:
-    net = ipaddress.ip_network(subnet)
-    out = []
-    for route in _ip_json("-4", "route", "show", "table", "all"):
-        dst = route.get("dst", "")
-        if dst in ("", "default"):
-            continue
-        try:
-            if ipaddress.ip_network(dst, strict=False).overlaps(net):
-                out.append(f"{dst} dev {route.get('dev', '?')}")
-        except ValueError:
-            continue
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _claim(octet: int) -> bool:
-    """Claims 198.19.<octet>.0/24 as the test labs do (O_EXCL file holding our pid); a dead owner's is taken over."""
-    CLAIMS.mkdir(parents=True, exist_ok=True)
-    path = CLAIMS / str(octet)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                owner = int(path.read_text().strip() or 0)
-            except (OSError, ValueError):
-                return False
-            if owner and _alive(owner):
-                return False
-            path.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as handle:
-            handle.write(str(os.getpid()))
-        return True
-    return False
+routes_in = lab_claims.routes_in
 
 
 def release(subnet: str) -> None:
-    net = ipaddress.ip_network(subnet)
-    if not net.subnet_of(ipaddress.ip_network("198.19.0.0/16")):
-        return
-    path = CLAIMS / str(net.network_address.packed[2])
-    try:
-        if path.read_text().strip() == str(os.getpid()):
-            path.unlink()
-    except OSError:
-        pass
+    lab_claims.release(subnet, CLAIMS)
 
 
 def claim_subnet(forced: str | None) -> str:
@@ -160,13 +110,12 @@ def claim_subnet(forced: str | None) -> str:
         if routes := routes_in(forced):
             raise ScaleError(f"subnet {forced} is in use on this machine (routes: {', '.join(routes)}); pick another")
         in_test_range = net.prefixlen == 24 and net.subnet_of(ipaddress.ip_network("198.19.0.0/16"))
-        if in_test_range and not _claim(net.network_address.packed[2]):
+        if in_test_range and not lab_claims.claim(net.network_address.packed[2], CLAIMS):
             raise ScaleError(f"subnet {forced} is claimed by another lab user ({CLAIMS}); pick another")
         return str(net)
-    for octet in OCTETS:
-        subnet = f"198.19.{octet}.0/24"
-        if not routes_in(subnet) and _claim(octet):
-            return subnet
+    subnet = lab_claims.first_free(OCTETS, CLAIMS, routes_in)
+    if subnet:
+        return subnet
     raise ScaleError(f"no free 198.19.x.0/24 in 198.19.{OCTETS[-1]}-{OCTETS[0]} (claims in {CLAIMS}); give --subnet")
 
 

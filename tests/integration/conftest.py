@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from meshkit import lab_claims
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
 ENV = dict(
@@ -146,59 +148,18 @@ class LabHandle:
 
 
 _counter = iter(range(1, 10_000))
-# Test labs take a /24 of 198.19.1-249.0/24 each. A claim is a file named after the third octet,
-# holding the claiming pytest's pid, so test runs of several checkouts (or sessions) on one machine
-# never pick the same subnet; a claim whose process is gone is taken over.
-CLAIMS = Path("/run/meshkit-test-subnets")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def claim_subnet() -> str:
-    """A free 198.19.x.0/24 for one test lab: unclaimed, and no route of this machine in it."""
-    CLAIMS.mkdir(parents=True, exist_ok=True)
-    routed = {r.get("dst", "") for r in ip_json("-4", "route", "show", "table", "all")}
-    for octet in range(1, 250):
-        subnet = f"198.19.{octet}.0/24"
-        if any(dst.startswith(f"198.19.{octet}.") for dst in routed):
-            continue
-        path = CLAIMS / str(octet)
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                owner = int(path.read_text().strip() or 0)
-            except (OSError, ValueError):
-                continue
-            if owner and _alive(owner):
-                continue
-            path.unlink(missing_ok=True)  # a dead run's claim; whoever gets O_EXCL next wins it
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                continue
-        with os.fdopen(fd, "w") as handle:
-            handle.write(str(os.getpid()))
-        return subnet
-    raise RuntimeError(f"no free 198.19.x.0/24 for a test lab (claims in {CLAIMS})")
+    """A free 198.19.x.0/24 for one test lab, claimed for this process (meshkit/lab_claims.py): test runs
+    of several checkouts, xdist workers and the scale bench on one machine never pick the same one."""
+    subnet = lab_claims.first_free(range(1, 250))
+    if subnet is None:
+        raise RuntimeError(f"no free 198.19.x.0/24 for a test lab (claims in {lab_claims.CLAIMS})")
+    return subnet
 
 
-def release_subnet(subnet: str) -> None:
-    octet = subnet.split(".")[2]
-    path = CLAIMS / octet
-    try:
-        if path.read_text().strip() == str(os.getpid()):
-            path.unlink()
-    except OSError:
-        pass
+release_subnet = lab_claims.release
 
 
 def new_lab(name: str | None = None, subnet: str | None = None, *, tag: str = "x", **variables: Any) -> LabHandle:
