@@ -34,17 +34,31 @@ ENV = dict(
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
-# Modules whose tests share one lab (a module-scoped fixture) run as one xdist group, on one worker; the
-# longest first, so that `pytest -n 2 --dist loadgroup` (make test) does not start them last.
+# Modules whose tests share one lab (a module-scoped fixture; molecule's lab has a fixed name): under
+# pytest-xdist with --dist loadgroup (make test: -n 2), one worker runs each such module whole, every
+# other test goes wherever a worker is free (pytest_xdist_make_scheduler below). They are collected
+# first, the longest first, so that they never start last.
 SHARED_LAB_MODULES = ("test_launch.py", "test_molecule.py", "test_reboot.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's own loadgroup (tests marked xdist_group) needs a nodeid it can rewrite, which pytest 9's
+    nodes no longer let it: the same grouping by module name instead, for --dist loadgroup."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedLabScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if Path(module).name in SHARED_LAB_MODULES else nodeid
+
+    return SharedLabScheduling(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if os.geteuid() != 0 and any("integration" in str(i.path) for i in items):
         pytest.exit("the lab tests build network namespaces and need root: run `make test` as root", returncode=1)
-    for item in items:
-        if item.path.name in SHARED_LAB_MODULES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     first = {name: rank for rank, name in enumerate(SHARED_LAB_MODULES)}
     items.sort(key=lambda i: first.get(i.path.name, len(first)) if "integration" in str(i.path) else len(first) + 1)
 
