@@ -24,8 +24,10 @@ from meshkit import lab_claims
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
+# Without COLUMNS/LINES: pytest-xdist's workers have COLUMNS=80, and `ps` (procps) then cuts every
+# command line at 80 characters (the process listings on lab hosts would miss what they look for).
 ENV = dict(
-    os.environ,
+    {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")},
     PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}",
     ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
     ANSIBLE_NOCOLOR="1",

@@ -138,7 +138,7 @@ def ps_on_every_host(handle: LabHandle) -> dict[str, str]:
     """`ps -eo pid,args` inside each lab host's own PID namespace."""
     out = {}
     for host, pid in holders(handle).items():
-        proc = sh("nsenter", "-t", str(pid), "-p", "-m", "--", "ps", "-eo", "pid,args")
+        proc = sh("nsenter", "-t", str(pid), "-p", "-m", "--", "ps", "-ww", "-eo", "pid,args")
         out[host] = proc.stdout
     return out
 
