@@ -30,13 +30,18 @@ def alive(pid: int) -> bool:
     return True
 
 
-def routes_in(subnet: str) -> list[str]:
-    """This machine's routes (every table) that overlap ``subnet``, as ``DST dev DEV``."""
-    net = ipaddress.ip_network(subnet)
+def machine_routes() -> list[dict]:
+    """This machine's IPv4 routes, every table (``ip -j route``)."""
     argv = ["ip", "-j", "-4", "route", "show", "table", "all"]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return json.loads(proc.stdout or "[]") if proc.returncode == 0 else []
+
+
+def overlapping(routes: list[dict], subnet: str) -> list[str]:
+    """Those of ``routes`` that overlap ``subnet``, as ``DST dev DEV``."""
+    net = ipaddress.ip_network(subnet)
     out = []
-    for route in json.loads(proc.stdout or "[]") if proc.returncode == 0 else []:
+    for route in routes:
         dst = route.get("dst", "")
         if dst in ("", "default"):
             continue
@@ -46,6 +51,11 @@ def routes_in(subnet: str) -> list[str]:
         except ValueError:
             continue
     return out
+
+
+def routes_in(subnet: str) -> list[str]:
+    """This machine's routes (every table) that overlap ``subnet``, as ``DST dev DEV``."""
+    return overlapping(machine_routes(), subnet)
 
 
 def claim(octet: int, claims: Path = CLAIMS) -> bool:
@@ -85,10 +95,17 @@ def release(subnet: str, claims: Path = CLAIMS) -> None:
 
 
 def first_free(
-    octets: Iterable[int], claims: Path = CLAIMS, routes: Callable[[str], list[str]] = routes_in
+    octets: Iterable[int], claims: Path = CLAIMS, routes: Callable[[str], list[str]] | None = None
 ) -> str | None:
-    """The first 198.19.<octet>.0/24 of ``octets`` that no route of this machine touches, now claimed
-    for this process; None when every one is taken."""
+    """The first 198.19.<octet>.0/24 of ``octets`` that no route of this machine touches (``routes``:
+    the routes overlapping a subnet; by default from one read of the routing tables), now claimed for
+    this process; None when every one is taken."""
+    if routes is None:
+        table = machine_routes()
+
+        def routes(subnet: str) -> list[str]:
+            return overlapping(table, subnet)
+
     for octet in octets:
         subnet = f"198.19.{octet}.0/24"
         if not routes(subnet) and claim(octet, claims):
