@@ -147,7 +147,7 @@ def plan_peer_links(
         if link is None:
             raise NetError(f"port {port} of the plan does not exist on this host; run discovery again")
         if link.get("master"):
-            raise NetError(f"port {port} is still enslaved to {link['master']}; run the thunderbolt_bridge role first")
+            raise NetError(f"port {port} is still enslaved to {link['master']}; run the discovery role first")
         if mtu and link.get("mtu") != mtu:
             commands.append(["ip", "link", "set", "dev", port, "mtu", str(mtu)])
         if "UP" not in link.get("flags", []):

@@ -126,7 +126,7 @@ def networkd_port(directory: str, port: str) -> tuple[str, str]:
     """The port's own .network file: a standalone peer port, not a bridge member."""
     return (
         os.path.join(directory, f"{PREFIX}{port}.network"),
-        HEADER.format(role="thunderbolt_bridge") + f"[Match]\nName={port}\n\n[Link]\nRequiredForOnline=no\n\n"
+        HEADER.format(role="discovery") + f"[Match]\nName={port}\n\n[Link]\nRequiredForOnline=no\n\n"
         "[Network]\nConfigureWithoutCarrier=yes\nLinkLocalAddressing=ipv6\nIPv6AcceptRA=no\n",
     )
 
@@ -136,7 +136,7 @@ def networkd_bridge_down(directory: str, bridge: str) -> tuple[str, str]:
     as setup.yml leaves it at runtime; it sorts before any factory file that would bring it up."""
     return (
         os.path.join(directory, f"{PREFIX}{bridge}.network"),
-        HEADER.format(role="thunderbolt_bridge") + f"[Match]\nName={bridge}\n\n[Link]\nActivationPolicy=down\n"
+        HEADER.format(role="discovery") + f"[Match]\nName={bridge}\n\n[Link]\nActivationPolicy=down\n"
         "RequiredForOnline=no\n\n[Network]\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n",
     )
 

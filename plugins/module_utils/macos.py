@@ -500,7 +500,7 @@ def bridge_problem(port: str, bridge: str, address: str | None = None, system: s
         else "traffic for the cable goes through the bridge"
     )
     return (
-        f"{port} is a member of {bridge}:{where} {mac}. Run setup.yml again (its thunderbolt_bridge step takes "
+        f"{port} is a member of {bridge}:{where} {mac}. Run setup.yml again (its discovery step takes "
         f"the ports out of {bridge} and keeps them out); see {RUNBOOK_BRIDGE}"
     )
 

@@ -340,7 +340,7 @@ def bridged(name: str, bridge: str, device: str | None) -> str:
     gid = f"{device} gets no IPv4-mapped GID" if device else "the port has no address of its own"
     return (
         f"{name} is a member of {bridge} (the Thunderbolt Bridge is active): the IPv4 address sits on {bridge}, "
-        f"{gid}, and JACCL fails with '{JACCL_ERRNO_22}'. Run setup.yml (its thunderbolt_bridge step takes the "
+        f"{gid}, and JACCL fails with '{JACCL_ERRNO_22}'. Run setup.yml (its discovery step takes the "
         f"ports out of {bridge} and keeps them out)"
     )
 

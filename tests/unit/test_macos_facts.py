@@ -210,7 +210,7 @@ def test_rdma_check_names_every_cable_port_inside_the_bridge():
     assert facts["ports"]["en2"]["problem"] == (
         "en2 is a member of bridge0 (the Thunderbolt Bridge is active): the IPv4 address sits on bridge0, rdma_en2 "
         "gets no IPv4-mapped GID, and JACCL fails with '[jaccl] Changing queue pair to RTR failed with errno 22'. "
-        "Run setup.yml (its thunderbolt_bridge step takes the ports out of bridge0 and keeps them out)"
+        "Run setup.yml (its discovery step takes the ports out of bridge0 and keeps them out)"
     )
     assert facts["ports"]["en2"]["bridge"] == "bridge0"
     assert facts["ports"]["en3"]["problem"].startswith("en3 is a member of bridge0 (the Thunderbolt Bridge is active)")
@@ -239,11 +239,11 @@ def test_preflight_on_a_mac_names_the_bridged_cable_ports(monkeypatch):
     assert found["problems"] == [
         "en1 is a member of bridge0: its cable address 198.18.128.1 is not used, the Thunderbolt Bridge is active "
         "again: JACCL fails with '[jaccl] Changing queue pair to RTR failed with errno 22', and three or more Macs "
-        "cabled in a loop make a broadcast storm. Run setup.yml again (its thunderbolt_bridge step takes the ports "
+        "cabled in a loop make a broadcast storm. Run setup.yml again (its discovery step takes the ports "
         "out of bridge0 and keeps them out); see docs/runbooks/thunderbolt-bridge.md",
         "en3 is a member of bridge0: its cable address 198.18.128.5 is not used, the Thunderbolt Bridge is active "
         "again: JACCL fails with '[jaccl] Changing queue pair to RTR failed with errno 22', and three or more Macs "
-        "cabled in a loop make a broadcast storm. Run setup.yml again (its thunderbolt_bridge step takes the ports "
+        "cabled in a loop make a broadcast storm. Run setup.yml again (its discovery step takes the ports "
         "out of bridge0 and keeps them out); see docs/runbooks/thunderbolt-bridge.md",
     ]
     assert [p["kind"] for p in found["peers"]] == ["reachable", "reachable"]
@@ -475,7 +475,7 @@ def test_launch_preflight_checks_the_cables_from_the_ranks_python(module, tmp_pa
     assert out["bridged"] == {"lo": "bridge0"}
     assert out["problems"] == [
         "lo is a member of bridge0: its cable address 127.0.0.1 is not used, traffic for the cable goes through "
-        "the bridge. Run setup.yml again (its thunderbolt_bridge step takes the ports out of bridge0 and keeps them "
+        "the bridge. Run setup.yml again (its discovery step takes the ports out of bridge0 and keeps them "
         "out); see docs/runbooks/thunderbolt-bridge.md"
     ]
     ok, plain = module(launch_preflight, {"argv": [sys.executable, str(program)]}, check=True)

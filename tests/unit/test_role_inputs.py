@@ -1,5 +1,7 @@
 """Roles used on their own (not through setup.yml): an input that only the plan can give is
-required, and a role run without it stops at its argument check, before any task runs."""
+required, and a role run without it stops at its argument check, before any task runs. (The roles that
+take the plan by default from the plan role refuse in a task of their own, after the read-only
+preflight: tests/integration/test_roles.py.)"""
 
 from __future__ import annotations
 
@@ -21,8 +23,7 @@ ENV = dict(
 @pytest.mark.parametrize(
     ("role", "missing"),
     [
-        ("peer_network", "peer_network_pool, peer_network_ports"),
-        ("rdma_check", "rdma_check_ports"),
+        ("slurm", "slurm_controller, slurm_plan"),
     ],
 )
 def test_a_role_without_the_plan_refuses_before_any_task(tmp_path: Path, role: str, missing: str) -> None:
