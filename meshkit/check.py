@@ -42,7 +42,8 @@ from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate
 
-from meshkit import check_drift, launch_connection, launch_fast
+from meshkit import check_drift, launch_fast, launch_service, launch_settings
+from meshkit.launch_settings import default
 
 MARK = "MESHKIT-CHECK "
 PROGRAM = ["python3", "-m", "meshccl.linkcheck"]
@@ -126,8 +127,7 @@ def add_parser(sub: Any) -> None:
                        "<artifacts>/check/cabling-check.svg")  # fmt: skip
     check.add_argument("-t", "--timeout", type=float, default=300.0,
                        help="stop the measurement after this many seconds (300)")  # fmt: skip
-    check.add_argument("--host-timeout", type=float, default=launch_connection.DEFAULT_HOST_TIMEOUT,
-                       metavar="SECONDS", help="a host not heard from for this long is lost")  # fmt: skip
+    launch_settings.add_flags(check, ["host_timeout"])  # as meshkit launch's
     check.add_argument("--recheck", action="store_true", help="run every check of launch.yml (discovery too)")
     check.add_argument("-v", "--verbose", action="store_true", help="show the preparation and the ranks' output")
     check.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
@@ -207,28 +207,29 @@ def inventory_rates(context: dict[str, Any]) -> dict[str, float]:
 def prepare(args: argparse.Namespace, program: list[str], display: Display) -> tuple[dict | None, list[str]]:
     """The check's job as `meshkit launch -r meshccl -n 1` prepares one; (None, problems) when it
     cannot start."""
-    from meshkit import cli
-
-    launch_args = argparse.Namespace(
-        inventory=args.inventory,
-        runtime="meshccl",
-        ranks_per_host=1,
-        env=[],
-        secret=[],
-        timeout=args.timeout,
-        grace=3.0,
-        host_timeout=args.host_timeout,
-        cwd=None,
+    request = launch_service.Request(
+        args.inventory,
+        {
+            "program": program,
+            "runtime": "meshccl",
+            "ranks_per_host": 1,
+            "env": {},
+            "secret_env": [],
+            "timeout": args.timeout,
+            "grace": default("grace"),
+            "host_timeout": args.host_timeout,
+            "cwd": None,
+        },
         recheck=args.recheck,
         extra_vars=args.extra_vars,
         quiet=False,  # launch.yml's tasks, or the hosts' one round trip, as progress
         label="meshkit check",
     )
     problems: list[str] = []
-    prepared = cli.quick(launch_args, program, problems)
+    prepared = launch_service.quick(request, problems)
     if prepared == {}:
         display.say("checking the cluster against its plan (launch.yml)")
-        prepared = cli.full(launch_args, program, problems)
+        prepared = launch_service.full(request, problems)
     return prepared, problems
 
 
@@ -260,14 +261,8 @@ def measure(
     args: argparse.Namespace, job: dict, connections: dict, display: Display, plan: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the worker on every host; (its records, problems of the job itself)."""
-    from meshkit.launch_mpi import Lines, hosts_for
-    from meshkit.launch_plan import secret_values
-    from meshkit.launcher import Launcher, Terminal
-
     records: list[dict[str, Any]] = []
-    values = secret_values(job, {})
     log_dir = Path(job.get("log_dir") or Path(tempfile.gettempdir()) / "meshkit-launch" / job["job_id"])
-    hosts = hosts_for(job, connections, values, log_dir, args.host_timeout)
 
     def on_line(rank: Any, line: str) -> None:
         record = parse_record(line)
@@ -281,23 +276,11 @@ def measure(
     def write(text: str, _event: bool) -> None:
         display.say(text)
 
-    terminal = Terminal(write, lines=True, log=str(log_dir / "output.log")) if args.verbose else None
-    try:
-        result = Launcher(
-            hosts,
-            job["job_id"],
-            log_dir,
-            timeout=args.timeout,
-            grace=3.0,
-            stdin=None,
-            on_line=on_line,
-            host_timeout=args.host_timeout,
-            lines=Lines(job),
-            terminal=terminal,
-        ).run()
-    finally:
-        if terminal is not None:
-            terminal.close()
+    given = {"host_timeout": args.host_timeout, "timeout": args.timeout, "grace": default("grace")}
+    start = launch_service.start_of(given, job, log_dir)
+    values = launch_service.secrets(job, {})
+    outcome = launch_service.run(job, connections, values, start, write if args.verbose else None, on_line=on_line)
+    result = outcome.result
     problems: list[dict[str, Any]] = []
     if not result.ok:
         detail = result.reason

@@ -33,58 +33,16 @@ which show <hidden>).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import re
 import shlex
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-from meshkit import check, launch_connection, launch_fast, launch_slurm
-from meshkit.collection import collection_root, runner_env
-from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
-from meshkit.launch_plan import ENV_NAME, HIDDEN, LaunchError, is_secret, secret_values
-from meshkit.launcher import Launcher, Terminal
-
-
-def host_timeout(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not 1 <= seconds <= 3600:
-        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 1 to 3600")
-    return seconds
-
-
-def parse_env(text: str) -> tuple[str, str]:
-    """-x NAME=VALUE, or -x NAME: the value of NAME in this command's own environment (as mpirun's
-    -x takes it), which keeps a secret off every command line."""
-    if "=" in text:
-        name, value = text.split("=", 1)
-        return name, value
-    if not re.match(ENV_NAME, text):
-        # Not repeated: the text may be a secret given without its name.
-        raise argparse.ArgumentTypeError("give NAME=VALUE, or NAME of a variable set here")
-    if text not in os.environ:
-        raise argparse.ArgumentTypeError(f"{text} is not set in this environment; give {text}=VALUE or export it")
-    return text, os.environ[text]
-
-
-def env_name(text: str) -> str:
-    if not re.match(ENV_NAME, text):
-        raise argparse.ArgumentTypeError(f"{text!r}: give an environment variable's name")
-    return text
-
-
-def public_env(args: argparse.Namespace) -> dict[str, str]:
-    """The -x variables as Ansible may see them: every secret's value replaced by <hidden> (the
-    name stays, so the plan lists it; this command puts the value in when the ranks start)."""
-    return {name: (HIDDEN if is_secret(name, args.secret) else value) for name, value in args.env}
+from meshkit import check, launch_service, launch_settings
+from meshkit.collection import runner_env
+from meshkit.launch_settings import FLAGGED, PLAN, SETTING, START, dest
 
 
 def parser() -> argparse.ArgumentParser:
@@ -110,32 +68,8 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     launch.add_argument("-i", "--inventory", required=True, help="the inventory setup.yml converged")
-    launch.add_argument("-r", "--runtime", choices=["meshccl", "mlx", "torch", "mpi", "plain"], default="meshccl")
-    launch.add_argument("-n", "--ranks-per-host", type=int, help="ranks on each host (default: the inventory's)")
-    launch.add_argument("-x", "--env", type=parse_env, action="append", default=[], metavar="NAME[=VALUE]",
-                        help="an environment variable for every rank (repeatable); NAME alone: its value here. "
-                        "A name holding TOKEN, KEY, SECRET or PASSWORD makes it a secret, shown nowhere")  # fmt: skip
-    launch.add_argument("--secret", type=env_name, action="append", default=[], metavar="NAME",
-                        help="the -x variable NAME is a secret too, whatever its name (repeatable)")  # fmt: skip
-    launch.add_argument("-t", "--timeout", type=float, default=0, help="stop every rank after this many seconds")
-    launch.add_argument("--grace", type=float, default=3.0, help="seconds between SIGTERM and SIGKILL (3)")
-    launch.add_argument("--host-timeout", type=host_timeout, default=launch_connection.DEFAULT_HOST_TIMEOUT,
-                        metavar="SECONDS",
-                        help="a host not heard from for this long (a partition) is lost: every other rank is "
-                        f"stopped and the launch fails naming it; its own ranks stop when its supervisor has not "
-                        f"heard from here for as long ({launch_connection.DEFAULT_HOST_TIMEOUT:g})")  # fmt: skip
-    launch.add_argument("--scheduler", choices=["meshkit", "slurm"], default="meshkit",
-                        help="who starts the ranks: meshkit's own supervisor on every host (default), or Slurm "
-                        "(one srun on --submit-host; the cluster set up with meshkit_slurm: true)")  # fmt: skip
-    launch.add_argument("--submit-host", metavar="HOST",
-                        help="--scheduler slurm: the host srun runs on (default: rank 0's host)")  # fmt: skip
-    launch.add_argument("--partition", help="--scheduler slurm: the Slurm partition (default: Slurm's default)")
-    launch.add_argument("--batch", action="store_true",
-                        help="--scheduler slurm: submit with sbatch and return once Slurm has queued the job (its "
-                        "output goes to a file on rank 0's host, named here)")  # fmt: skip
-    launch.add_argument("--cwd", help="the ranks' working directory (absolute, on every host)")
+    launch_settings.add_flags(launch, FLAGGED)  # -r, -n, -x, --secret, -t, --grace, --host-timeout, ...
     launch.add_argument("--no-stdin", action="store_true", help="give the ranks no stdin (/dev/null)")
-    launch.add_argument("-q", "--quiet", action="store_true", help="show only the summary (the logs keep everything)")
     launch.add_argument("--recheck", action="store_true",
                         help="run every check of launch.yml (discovery too) even when nothing seems "
                         "changed")  # fmt: skip
@@ -146,146 +80,39 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# --- meshkit launch: an adapter over launch_service (flags in, exit status and lines out) ---------
+
+
+def flagged(args: argparse.Namespace, where: str) -> dict[str, object]:
+    """The settings of the flags, by the table's names, of those given ``where`` (launch_settings)."""
+    return {name: getattr(args, dest(SETTING[name])) for name in FLAGGED if where in SETTING[name].where}
+
+
+def request(args: argparse.Namespace, program: list[str]) -> launch_service.Request:
+    """The launch the flags ask for: the job's settings by the table's names (-x's values as given)."""
+    settings = flagged(args, PLAN) | {"env": dict(args.env)}
+    return launch_service.Request(
+        args.inventory,
+        {"program": program, **settings},
+        recheck=args.recheck,
+        extra_vars=list(args.extra_vars),
+        quiet=args.quiet,
+    )
+
+
 def prepare(args: argparse.Namespace, program: list[str], job_file: Path, private: Path) -> tuple[int, list[str]]:
     """Run launch.yml up to the start: the plan, the checks, every host's connection."""
-    import ansible_runner
-
-    extravars = {
-        "launch_program": program,
-        "launch_runtime": args.runtime,
-        "launch_env": public_env(args),  # secrets' values stay here (see launch())
-        "launch_secret_env": list(args.secret),
-        "launch_timeout": args.timeout,
-        "launch_grace": args.grace,
-        "launch_host_timeout": args.host_timeout,
-        "launch_prepare_to": str(job_file),
-    }
-    if args.ranks_per_host is not None:
-        extravars["launch_ranks_per_host"] = args.ranks_per_host
-    if args.cwd:
-        extravars["launch_cwd"] = args.cwd
-    envvars = {**runner_env(), "ANSIBLE_NOCOLOR": "1"}
-    failures: list[str] = []
-
-    def on_event(event: dict) -> bool:
-        name = event.get("event")
-        data = event.get("event_data", {})
-        if name == "playbook_on_task_start" and not args.quiet:
-            print(f"{label(args)}: {data.get('task')}", file=sys.stderr, flush=True)
-        elif name in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
-            res = data.get("res", {})
-            failures.append(f"{data.get('host')}: {res.get('msg') or res.get('stderr') or res}")
-        return True
-
-    cmdline = " ".join(f"-e {json.dumps(v) if not v.startswith('@') else v}" for v in args.extra_vars) or None
-    # ansible-runner records the environment it runs Ansible with (<private>/artifacts/*/command):
-    # a secret -x took from this environment (-x NAME) is not in it. Ansible has no use for it.
-    with environment_without([name for name, _ in args.env if is_secret(name, args.secret)]):
-        run = ansible_runner.run(
-            private_data_dir=str(private),
-            playbook="meshkit.cluster.launch",
-            inventory=str(Path(args.inventory).resolve()),
-            extravars=extravars,
-            envvars=envvars,
-            cmdline=cmdline,
-            quiet=True,
-            event_handler=on_event,
-            project_dir=os.getcwd(),  # relative paths (artifacts, ansible.cfg) are the caller's
-        )
-    return run.rc, failures
-
-
-@contextlib.contextmanager
-def environment_without(names: list[str]) -> Iterator[None]:
-    """This process's environment without ``names`` for the duration, then as it was."""
-    kept = {name: os.environ.pop(name) for name in dict.fromkeys(names) if name in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(kept)
-
-
-def cache_file(args: argparse.Namespace) -> tuple[Path, str]:
-    """Where this inventory's remembered context is kept (~/.cache/meshkit/launch, or $MESHKIT_LAUNCH_CACHE),
-    and the key it must match."""
-    inventory = Path(args.inventory)
-    cfg = runner_env().get("ANSIBLE_CONFIG")
-    key = launch_fast.cache_key(inventory, args.runtime, collection_root(), Path(cfg) if cfg else None)
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    where = Path(os.environ.get("MESHKIT_LAUNCH_CACHE") or cache_home / "meshkit" / "launch")
-    return launch_fast.cache_path(where, inventory, args.runtime), key
-
-
-def label(args: argparse.Namespace) -> str:
-    return getattr(args, "label", None) or "meshkit launch"
+    return launch_service.playbook(request(args, program), job_file, private)
 
 
 def quick(args: argparse.Namespace, program: list[str], problems: list[str] | None = None) -> dict | None:
-    """The job planned from the remembered context and checked on every host; {} when the full
-    launch must run instead; None when the job must not start (said why, and added to ``problems``)."""
-    if args.recheck or args.extra_vars:
-        return {}
-    settings = {
-        "program": program,
-        "runtime": args.runtime,
-        "ranks_per_host": args.ranks_per_host,
-        "env": dict(args.env),  # planned with every secret's value hidden (launch_plan.build)
-        "secret_env": list(args.secret),
-        "timeout": args.timeout,
-        "grace": args.grace,
-        "host_timeout": args.host_timeout,
-        "cwd": args.cwd,
-    }
-    try:
-        path, key = cache_file(args)
-        record = launch_fast.load(path, key)
-        job, connections = launch_fast.prepare(record, settings, on_event=lambda text: say(args, text))
-    except launch_fast.Stale as exc:
-        print(f"{label(args)}: {exc}; running every check (launch.yml)", file=sys.stderr, flush=True)
-        return {}
-    except launch_fast.Refused as exc:
-        print(f"{label(args)}: {exc}", file=sys.stderr)
-        if problems is not None:
-            problems.append(str(exc))
-        return None
-    except (KeyError, TypeError, ValueError, AttributeError, OSError) as exc:  # a record of another shape
-        print(f"{label(args)}: the remembered checks are unusable ({exc!r}); running every check (launch.yml)",
-              file=sys.stderr)  # fmt: skip
-        return {}
-    return {"job": job, "connections": connections, "context": record["context"]}
+    """launch_service.quick(): the remembered checks; {} for launch.yml instead; None: not started."""
+    return launch_service.quick(request(args, program), problems)
 
 
 def full(args: argparse.Namespace, program: list[str], problems: list[str] | None = None) -> dict | None:
-    """launch.yml up to the start; what it planned from is remembered for the next launch. None when
-    the job must not start (said why, and added to ``problems``)."""
-    try:
-        path, key = cache_file(args)
-    except (launch_fast.Stale, OSError):
-        path = key = None  # a dynamic inventory, or files it cannot read: nothing to remember
-    with tempfile.TemporaryDirectory(prefix="meshkit-launch-") as tmp:
-        job_file = Path(tmp) / "job.json"
-        (Path(tmp) / "runner").mkdir()
-        rc, failures = prepare(args, program, job_file, Path(tmp) / "runner")
-        if rc != 0 or not job_file.exists():
-            print(f"{label(args)}: the job was not started:", file=sys.stderr)
-            for line in failures or [f"launch.yml exited with {rc}"]:
-                print(f"  {line}", file=sys.stderr)
-            if problems is not None:
-                problems.extend(failures or [f"launch.yml exited with {rc}"])
-            return None
-        prepared = json.loads(job_file.read_text())
-    if path is not None and prepared.get("context") and not args.extra_vars:
-        try:
-            launch_fast.save(path, key, prepared["context"], prepared["connections"])
-        except OSError as exc:
-            print(f"{label(args)}: cannot remember the checks in {path} ({exc}); the next run checks all again",
-                  file=sys.stderr)  # fmt: skip
-    return prepared
-
-
-def say(args: argparse.Namespace, text: str) -> None:
-    if not args.quiet:
-        print(f"{label(args)}: {text}", file=sys.stderr, flush=True)
+    """launch_service.full(): launch.yml up to the start; None: not started."""
+    return launch_service.full(request(args, program), problems)
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -294,13 +121,9 @@ def launch(args: argparse.Namespace) -> int:
         print("meshkit launch: give the program to run after --, e.g. meshkit launch -i inv.yml -- python3 x.py",
               file=sys.stderr)  # fmt: skip
         return 2
-    slurm = getattr(args, "scheduler", "meshkit") == "slurm"
+    slurm = args.scheduler == "slurm"
     if args.batch and not slurm:
         print("meshkit launch: --batch submits to Slurm: give --scheduler slurm too", file=sys.stderr)
-        return 2
-    if slurm and args.runtime not in launch_slurm.RUNTIMES:
-        print(f"meshkit launch: --scheduler slurm runs {', '.join(launch_slurm.RUNTIMES)} jobs so far, not "
-              f"{args.runtime}; launch it without --scheduler (meshkit's own launcher)", file=sys.stderr)  # fmt: skip
         return 2
     prepared = quick(args, program)
     if prepared is None:
@@ -310,17 +133,20 @@ def launch(args: argparse.Namespace) -> int:
         if prepared is None:
             return 2
     job, connections = prepared["job"], prepared["connections"]
+    log_dir = Path(job.get("log_dir") or Path(tempfile.gettempdir()) / "meshkit-launch" / job["job_id"])
+    given = flagged(args, START) | {"timeout": None, "grace": None}  # the job's own (planned from -t, --grace)
+    if not slurm:  # --submit-host and --partition mean nothing then
+        given |= {name: None for name in given if SETTING[name].slurm}
     try:
         # The job token, and the values of the -x secrets the plan holds as <hidden>.
-        values = secret_values(job, dict(args.env))
-    except LaunchError as exc:
-        print(f"meshkit launch: {exc}", file=sys.stderr)
+        values = launch_service.secrets(job, dict(args.env))
+        start = launch_service.start_of(given, job, log_dir)
+    except launch_service.NotStarted as exc:
+        print(f"meshkit launch: {exc.cli}", file=sys.stderr)
         return 2
     mode = os.fstat(sys.stdin.fileno()).st_mode if not sys.stdin.closed else 0
     broadcast = (
-        not args.no_stdin
-        and not getattr(args, "batch", False)
-        and (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or sys.stdin.isatty())
+        not args.no_stdin and not args.batch and (stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or sys.stdin.isatty())
     )
 
     def write(text: str, event: bool) -> None:
@@ -329,78 +155,17 @@ def launch(args: argparse.Namespace) -> int:
         stream.write(f"meshkit launch: {text}\n" if event else f"{text}\n")
         stream.flush()
 
-    via = ""
-    if slurm:
-        submit = launch_slurm.submit_host_of(job, args.submit_host)
-        via = f" through Slurm ({'sbatch' if args.batch else 'srun'} on {submit})"
-    print(
-        f"meshkit launch: job {job['job_id']}: {job['world_size']} ranks of {job['runtime']} on "
-        f"{len(connections)} hosts{via}{'; stdin goes to every rank' if broadcast else ''}",
-        file=sys.stderr,
-        flush=True,
-    )
-    log_dir = Path(job.get("log_dir") or Path(tempfile.gettempdir()) / "meshkit-launch" / job["job_id"])
+    print(f"meshkit launch: {start.headline(job, len(connections), broadcast)}", file=sys.stderr, flush=True)
     try:
-        if slurm:
-            hosts = launch_slurm.hosts_for(
-                job,
-                connections,
-                values,
-                submit_host=args.submit_host,
-                host_timeout=args.host_timeout,
-                partition=args.partition,
-                batch=args.batch,
-            )
-        else:
-            hosts = hosts_for(job, connections, values, log_dir, args.host_timeout)
-    except (MpiError, launch_slurm.SlurmError) as exc:
-        print(f"meshkit launch: {exc}; the job was not started", file=sys.stderr)
+        outcome = launch_service.run(
+            job, connections, values, start, write, stdin=sys.stdin if broadcast else None, partial_flush=0.1
+        )
+    except launch_service.NotStarted as exc:
+        print(f"meshkit launch: {exc.cli}", file=sys.stderr)
         return 2
-    terminal = Terminal(write, lines=not args.quiet, log=str(log_dir / "output.log"))
-    try:
-        result = Launcher(
-            hosts,
-            job["job_id"],
-            log_dir,
-            timeout=float(job.get("timeout") or 0) or None,
-            grace=float(job.get("grace", 3.0)),
-            stdin=sys.stdin if broadcast else None,
-            partial_flush=0.1,
-            host_timeout=args.host_timeout,
-            lines=launch_slurm.Lines(job) if slurm else Lines(job),
-            terminal=terminal,
-        ).run()
-    finally:
-        terminal.close()  # what the terminal has not taken yet (this may wait for a paused pager)
-    for line in result.table():
-        print(f"  {line}", file=sys.stderr)
-    if slurm and args.batch and result.ok:
-        number, message = launch_slurm.submitted(job, result)
-        print(f"meshkit launch: {message}", file=sys.stderr)
-        if number is None:
-            return 1
-        print(number)
-        return 0
-    why = launch_slurm.explain if slurm else explain
-    reason, failures = why(job, result) if not result.ok else (result.reason, [])
-    for heading, tail in failures[:1] if not result.reason.startswith("interrupted") else []:
-        print(f"meshkit launch: {heading}; last lines:", file=sys.stderr)
-        for line in tail or ["(no output)"]:
-            print(f"    {line}", file=sys.stderr)
-    print(f"meshkit launch: {reason}; logs in {result.log_dir}", file=sys.stderr)
-    if result.ok:
-        return 0
-    if result.reason.startswith("interrupted"):
-        return 130
-    failed = result.failed
-    code = launch_slurm.exit_code(job, result) if slurm else None
-    if code:
-        return min(code, 255)
-    if failed and failed[0].code:
-        return min(int(failed[0].code), 255)
-    if any(r.state == "timeout" for r in result.ranks):
-        return 124
-    return 1
+    for on_stdout, text in outcome.said():
+        print(text, file=sys.stdout if on_stdout else sys.stderr)
+    return outcome.exit_code()
 
 
 def playbook(name: str, inventory: str | None, cmdline: list[str], extravars: dict | None = None) -> int:

@@ -8,12 +8,15 @@ import copy
 import difflib
 import ipaddress
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL, DEFAULTS, DISCOVER_PORTS
 from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate
 from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, natural_key
 from cerberus import Validator
+
+from meshkit.launch_settings import SETTING
 
 # Set once for the whole cluster: every host must agree.
 CLUSTER_WIDE = (
@@ -29,73 +32,123 @@ CLUSTER_WIDE = (
     "meshkit_slurm_munge_key",
 )
 
-SCHEMA: dict[str, dict[str, Any]] = {
-    "meshkit_cluster_name": {"type": "string", "regex": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"},
-    "meshkit_fabric": {"type": "string", "allowed": ["thunderbolt", "ethernet", "roce"]},
-    "meshkit_backend": {"type": "string", "allowed": list(BACKENDS)},
-    "meshkit_address_pool": {"type": "string", "check_with": "pool"},
-    "meshkit_peer_ports": {"type": "list", "schema": {"type": "string", "regex": r"^[A-Za-z0-9_.*?\[\]-]{1,15}$"}},
-    "meshkit_bridge": {"type": "string", "regex": r"^[A-Za-z0-9_.-]{1,15}$"},
-    "meshkit_mtu": {"type": "integer", "nullable": True, "min": 1280, "max": 65520},
-    "meshkit_link_rate": {"type": "string", "nullable": True, "check_with": "rate"},
-    "meshkit_management_interface": {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9_.@-]{1,15}$"},
-    "meshkit_state_dir": {"type": "string", "regex": r"^/.*"},
-    "meshkit_ping_count": {"type": "integer", "min": 1, "max": 20},
-    "meshkit_ranks_per_host": {"type": "integer", "min": 1, "max": 256},
-    "meshkit_master_port": {"type": "integer", "min": 1024, "max": 65535},
-    "meshkit_meshccl_port": {"type": "integer", "min": 1024, "max": 65279},
-    "meshkit_meshccl_install": {"type": "boolean"},
-    "meshkit_meshccl_venv": {"type": "string", "nullable": True, "regex": r"^/.*"},
-    "meshkit_meshccl_python": {"type": "string", "empty": False},
-    "meshkit_meshccl_build_on": {"type": "string", "allowed": ["controller", "group", "host"]},
-    "meshkit_artifacts_dir": {"type": "string", "nullable": True},
-    "meshkit_slurm": {"type": "boolean"},
-    "meshkit_slurm_controller": {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
-    "meshkit_slurm_partition": {"type": "string", "regex": r"^[A-Za-z0-9_-]{1,40}$"},
-    "meshkit_slurm_munge_key": {"type": "string", "nullable": True, "empty": False},
-    "meshkit_hosts": {"type": "string"},
+
+@dataclass(frozen=True)
+class Variable:
+    """One inventory variable, written once: its rule (Cerberus: type, range, choices), what to do
+    about a bad value, and how README's table shows a default that is not a value (None in DEFAULTS:
+    derived, or found on the host). Its default is DEFAULTS' (plugins/module_utils/defaults.py:
+    the modules that run on the hosts read it too); tests/unit/test_settings.py checks DEFAULTS,
+    README's table and the roles' defaults against this table."""
+
+    rule: dict[str, Any]
+    hint: str = ""
+    shown: str | None = None  # README's default, where it is not DEFAULTS' value as it is
+    user: bool = True  # False: written by the playbooks (lab inventories), no default, not in README
+    blank_is_unset: bool = False  # "" (as -e gives an unset value) means unset
+
+
+# The job's ranks per host defaults to the inventory's: one range for both.
+RANKS = SETTING["ranks_per_host"]
+
+VARIABLES: dict[str, Variable] = {
+    "meshkit_cluster_name": Variable(
+        {"type": "string", "regex": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"},
+        "letters, digits, '.', '_' or '-'; it names the artifacts directory",
+    ),
+    "meshkit_fabric": Variable(
+        {"type": "string", "allowed": ["thunderbolt", "ethernet", "roce"]}, "use thunderbolt, ethernet or roce"
+    ),
+    "meshkit_backend": Variable(
+        {"type": "string", "allowed": list(BACKENDS)},
+        "use ring, jaccl, jaccl-ring, or leave it unset for the best the cabling allows",
+    ),
+    "meshkit_address_pool": Variable(
+        {"type": "string", "check_with": "pool"}, f"use an IPv4 network of /29 or larger, e.g. {DEFAULT_POOL}"
+    ),
+    "meshkit_peer_ports": Variable(
+        {"type": "list", "schema": {"type": "string", "regex": r"^[A-Za-z0-9_.*?\[\]-]{1,15}$"}},
+        "give interface name patterns such as ['thunderbolt*'] or ['enp1s0f*']",
+        shown=f"`[]` (Linux: {', '.join(f'`{p}`' for p in DISCOVER_PORTS)})",
+    ),
+    "meshkit_bridge": Variable(
+        {"type": "string", "regex": r"^[A-Za-z0-9_.-]{1,15}$"}, "the bridge the peer ports start in (bridge0 on macOS)"
+    ),
+    "meshkit_mtu": Variable(
+        {"type": "integer", "nullable": True, "min": 1280, "max": 65520},
+        "set an MTU from 1280 to 65520, or leave it unset to keep the interface's",
+        blank_is_unset=True,
+    ),
+    "meshkit_link_rate": Variable(
+        {"type": "string", "nullable": True, "check_with": "rate"},
+        "the rate this host's cables should reach, e.g. 80gbit or 40Gb/s (meshkit check compares with it), or leave "
+        "it unset to use the negotiated link speed",
+    ),
+    "meshkit_management_interface": Variable(
+        {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9_.@-]{1,15}$"},
+        "name the interface that carries SSH, or leave it unset to detect it",
+        shown="established",
+    ),
+    "meshkit_state_dir": Variable({"type": "string", "regex": r"^/.*"}, "give an absolute path"),
+    "meshkit_ping_count": Variable({"type": "integer", "min": 1, "max": 20}, "use 1 to 20"),
+    "meshkit_ranks_per_host": Variable(
+        {"type": "integer", "min": RANKS.min, "max": RANKS.max},
+        f"use a whole number from {RANKS.min} (ranks started on each host)",
+    ),
+    "meshkit_master_port": Variable(
+        {"type": "integer", "min": 1024, "max": 65535}, "use a free TCP port from 1024 to 65535 (torchrun rendezvous)"
+    ),
+    "meshkit_meshccl_port": Variable(
+        {"type": "integer", "min": 1024, "max": 65279},
+        "use a free TCP port from 1024; local rank k listens on this plus k",
+    ),
+    "meshkit_meshccl_install": Variable(
+        {"type": "boolean"}, "true (setup.yml installs meshccl on every host) or false"
+    ),
+    "meshkit_meshccl_venv": Variable(
+        {"type": "string", "nullable": True, "regex": r"^/.*"},
+        "give an absolute path for meshccl's virtual environment (default: <state_dir>/meshccl)",
+        shown="`<state_dir>/meshccl`",
+        blank_is_unset=True,
+    ),
+    "meshkit_meshccl_python": Variable(
+        {"type": "string", "empty": False}, "name the host's Python 3.9 or later that makes meshccl's environment"
+    ),
+    "meshkit_meshccl_build_on": Variable(
+        {"type": "string", "allowed": ["controller", "group", "host"]},
+        "use controller (the controller builds where its platform matches the host, else the host's group's first "
+        "host), group (the group's first host always) or host (every host builds its own)",
+    ),
+    "meshkit_artifacts_dir": Variable({"type": "string", "nullable": True}, shown="`./artifacts/<cluster>`"),
+    "meshkit_slurm": Variable({"type": "boolean"}, "true (setup.yml sets up Slurm: munge, slurmctld, slurmd) or false"),
+    "meshkit_slurm_controller": Variable(
+        {"type": "string", "nullable": True, "regex": r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+        "name the inventory host slurmctld runs on (a cluster host, or a head node outside the cluster's group), "
+        "or leave it unset for the ring's first host",
+        shown="the ring's first host",
+    ),
+    "meshkit_slurm_partition": Variable(
+        {"type": "string", "regex": r"^[A-Za-z0-9_-]{1,40}$"},
+        "letters, digits, '_' or '-' (the name of Slurm's one partition)",
+    ),
+    "meshkit_slurm_munge_key": Variable(
+        {"type": "string", "nullable": True, "empty": False},
+        "give the path of a munge key on the controller, or leave it unset to use the slurmctld host's",
+    ),
+    "meshkit_hosts": Variable({"type": "string"}, user=False),
     # Written by playbooks/lab.yml into lab inventories.
-    "meshkit_lab_name": {"type": "string"},
-    "meshkit_lab_dir": {"type": "string"},
-    "meshkit_lab_netns": {"type": "string"},
-    "meshkit_lab_ports": {"type": "list"},
+    "meshkit_lab_name": Variable({"type": "string"}, user=False),
+    "meshkit_lab_dir": Variable({"type": "string"}, user=False),
+    "meshkit_lab_netns": Variable({"type": "string"}, user=False),
+    "meshkit_lab_ports": Variable({"type": "list"}, user=False),
 }
 
-HINTS = {
-    "meshkit_cluster_name": "letters, digits, '.', '_' or '-'; it names the artifacts directory",
-    "meshkit_fabric": "use thunderbolt, ethernet or roce",
-    "meshkit_backend": "use ring, jaccl, jaccl-ring, or leave it unset for the best the cabling allows",
-    "meshkit_address_pool": f"use an IPv4 network of /29 or larger, e.g. {DEFAULT_POOL}",
-    "meshkit_peer_ports": "give interface name patterns such as ['thunderbolt*'] or ['enp1s0f*']",
-    "meshkit_bridge": "the bridge the peer ports start in (bridge0 on macOS)",
-    "meshkit_mtu": "set an MTU from 1280 to 65520, or leave it unset to keep the interface's",
-    "meshkit_link_rate": (
-        "the rate this host's cables should reach, e.g. 80gbit or 40Gb/s (meshkit check compares with it), or leave "
-        "it unset to use the negotiated link speed"
-    ),
-    "meshkit_management_interface": "name the interface that carries SSH, or leave it unset to detect it",
-    "meshkit_state_dir": "give an absolute path",
-    "meshkit_ping_count": "use 1 to 20",
-    "meshkit_ranks_per_host": "use a whole number from 1 (ranks started on each host)",
-    "meshkit_master_port": "use a free TCP port from 1024 to 65535 (torchrun rendezvous)",
-    "meshkit_meshccl_port": "use a free TCP port from 1024; local rank k listens on this plus k",
-    "meshkit_meshccl_install": "true (setup.yml installs meshccl on every host) or false",
-    "meshkit_meshccl_venv": "give an absolute path for meshccl's virtual environment (default: <state_dir>/meshccl)",
-    "meshkit_meshccl_python": "name the host's Python 3.9 or later that makes meshccl's environment",
-    "meshkit_slurm": "true (setup.yml sets up Slurm: munge, slurmctld, slurmd) or false",
-    "meshkit_slurm_controller": (
-        "name the inventory host slurmctld runs on (a cluster host, or a head node outside the cluster's group), "
-        "or leave it unset for the ring's first host"
-    ),
-    "meshkit_slurm_partition": "letters, digits, '_' or '-' (the name of Slurm's one partition)",
-    "meshkit_slurm_munge_key": (
-        "give the path of a munge key on the controller, or leave it unset to use the slurmctld host's"
-    ),
-    "meshkit_meshccl_build_on": (
-        "use controller (the controller builds where its platform matches the host, else the host's group's first "
-        "host), group (the group's first host always) or host (every host builds its own)"
-    ),
-}
+SCHEMA: dict[str, dict[str, Any]] = {name: v.rule for name, v in VARIABLES.items()}
+HINTS: dict[str, str] = {name: v.hint for name, v in VARIABLES.items() if v.hint}
+# What _coerce() makes of the strings -e gives.
+_WHOLE = tuple(name for name, v in VARIABLES.items() if v.rule["type"] == "integer")
+_FLAGS = tuple(name for name, v in VARIABLES.items() if v.rule["type"] == "boolean")
+_BLANK = tuple(name for name, v in VARIABLES.items() if v.blank_is_unset)
 
 
 class _Validator(Validator):
@@ -117,24 +170,17 @@ class _Validator(Validator):
 
 def _coerce(doc: dict[str, Any]) -> dict[str, Any]:
     out = dict(doc)
-    for key in (
-        "meshkit_mtu",
-        "meshkit_ping_count",
-        "meshkit_ranks_per_host",
-        "meshkit_master_port",
-        "meshkit_meshccl_port",
-    ):
+    for key in _WHOLE:
         value = out.get(key)
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             out[key] = int(value)
-    if out.get("meshkit_mtu") == "":
-        out["meshkit_mtu"] = None
-    for key in ("meshkit_meshccl_install", "meshkit_slurm"):
+    for key in _FLAGS:
         flag = out.get(key)
         if isinstance(flag, str) and flag.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
             out[key] = flag.strip().lower() in ("true", "yes", "1")
-    if out.get("meshkit_meshccl_venv") == "":
-        out["meshkit_meshccl_venv"] = None
+    for key in _BLANK:
+        if out.get(key) == "":
+            out[key] = None
     return out
 
 

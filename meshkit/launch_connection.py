@@ -28,7 +28,8 @@ from typing import Any
 SSH = ("ssh", "ansible.builtin.ssh", "smart", "ansible.legacy.ssh")
 # Seconds without a word from a host before the launcher declares it lost (and its agent, not
 # hearing from the launcher for as long, stops its ranks). ssh's keepalives and connect timeout
-# are set within it.
+# are set within it. The default of launch_settings' host_timeout (written here, as this file also
+# runs as a program of its own that imports nothing of meshkit).
 DEFAULT_HOST_TIMEOUT = 20.0
 LOCAL = ("local", "ansible.builtin.local", "ansible.legacy.local")
 NETNS = ("meshkit.cluster.netns",)

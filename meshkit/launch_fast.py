@@ -42,13 +42,8 @@ from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, 
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DISCOVER_PORTS
 
 from meshkit import launch_connection
-from meshkit.launch_plan import (
-    host_preflight,
-    make_job,
-    preflight_problems,
-    record_job,
-    validate,
-)
+from meshkit.launch_plan import host_preflight, make_job, preflight_problems, record_job, refusal, validate
+from meshkit.launch_settings import default
 from meshkit.launcher import AGENT_SOURCE, agent_argv
 
 # Bumped when the context's shape or meaning changes: older caches are then not used.
@@ -345,7 +340,7 @@ def prepare(
             raise Stale(f"meshccl's sources changed (build {current}); the hosts need it installed")
     settings = dict(settings_given)
     if settings.get("ranks_per_host") is None:
-        settings["ranks_per_host"] = context.get("ranks_per_host") or 1
+        settings["ranks_per_host"] = context.get("ranks_per_host") or default("ranks_per_host")
     try:
         job = make_job(context["plan"], validate(settings), context["inputs"])
     except ValueError as exc:  # LaunchError: bad settings, or a job this cabling cannot run
@@ -357,7 +352,7 @@ def prepare(
         raise Stale("; ".join(reasons))
     problems = preflight_problems({host: answer["preflight"] for host, answer in answers.items()})
     if problems:
-        raise Refused(f"preflight failed; no rank of job {job['job_id']} was started:\n  - " + "\n  - ".join(problems))
+        raise Refused(refusal(job["job_id"], problems))
     job = record_job(job, context["inputs"].get("dest"))
     on_event(
         f"checked {len(answers)} hosts against the plan of the last full check in "

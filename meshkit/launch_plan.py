@@ -30,14 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
-from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import (
-    MASTER_PORT,
-    MESHCCL_PORT,
-    MLX_STARTING_PORT,
-)
-from cerberus import Validator
+from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import MASTER_PORT, MESHCCL_PORT
 
-RUNTIMES = ("meshccl", "mlx", "torch", "mpi", "plain")
+from meshkit.launch_settings import (
+    HINTS,
+    RUNTIMES,  # noqa: F401 - launch_plan.RUNTIMES, as it was
+    default,
+    plain,
+    validator,
+)
+
 # The runtimes whose ranks get meshccl's hostfile of the job (MESHCCL_RANK, MESHCCL_WORLD_SIZE,
 # MESHCCL_HOSTFILE): meshccl's own, and torch's, for the "meshccl" process-group backend.
 MESHCCL_HOSTFILE_RUNTIMES = ("meshccl", "torch")
@@ -50,7 +52,6 @@ SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # the id into its authentication, so a token of another job is no use).
 TOKEN_ENV = "MESHCCL_TOKEN"
 JOB_ID_ENV = "MESHCCL_JOB_ID"
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 def is_secret(name: str, marked: Iterable[str] = ()) -> bool:
@@ -72,57 +73,22 @@ def new_token() -> str:
     return secrets.token_hex(32)
 
 
-# launch.yml's variables (launch_<name>), validated before anything starts.
-SCHEMA: dict[str, dict[str, Any]] = {
-    "program": {
-        "type": ["string", "list"],
-        "required": True,
-        "empty": False,
-        "schema": {"type": "string", "empty": False},
-    },
-    "runtime": {"type": "string", "allowed": list(RUNTIMES)},
-    "ranks_per_host": {"type": "integer", "min": 1, "max": 256, "coerce": int},
-    "env": {
-        "type": "dict",
-        "keysrules": {"type": "string", "regex": ENV_NAME},
-        "valuesrules": {"type": ["string", "integer", "float", "boolean"]},
-    },
-    "secret_env": {"type": "list", "schema": {"type": "string", "regex": ENV_NAME}},
-    "timeout": {"type": ["integer", "float"], "min": 0, "coerce": float},
-    "grace": {"type": ["integer", "float"], "min": 0, "max": 120, "coerce": float},
-    "host_timeout": {"type": ["integer", "float"], "min": 1, "max": 3600, "coerce": float},
-    "cwd": {"type": "string", "nullable": True, "regex": r"^/.*"},
-    "mlx_port": {"type": "integer", "min": 1024, "max": 65000, "coerce": int},
-}
-HINTS = {
-    "program": 'give the command to run on every rank, e.g. "python3 /shared/train.py --epochs 1" or a list',
-    "runtime": f"use one of {', '.join(RUNTIMES)}",
-    "ranks_per_host": "use a whole number from 1 to 256",
-    "env": "give a mapping of environment variable names to values",
-    "secret_env": "give a list of environment variable names whose values are secrets",
-    "timeout": "give seconds (0: no limit)",
-    "grace": "give the seconds a stopped rank gets between SIGTERM and SIGKILL (0-120)",
-    "host_timeout": "give the seconds without a word from a host before it counts as lost (1-3600; default 20)",
-    "cwd": "give an absolute directory that exists on every host",
-    "mlx_port": "use a free TCP port from 1024; MLX ring ranks listen from here upwards",
-}
-
-
 class LaunchError(ValueError):
     """Bad launch input, named by its variable."""
 
 
 def validate(given: dict[str, Any]) -> dict[str, Any]:
-    """The launch variables (without their ``launch_`` prefix), checked and normalised."""
+    """The launch variables (without their ``launch_`` prefix; launch_settings' table), checked
+    and normalised. Unset ones stay unset: their defaults are the table's, where they are used."""
     doc = {k: v for k, v in given.items() if v is not None or k == "cwd"}
-    validator = Validator(SCHEMA)
-    if not validator.validate(doc):
+    checked = validator()
+    if not checked.validate(doc):
         problems = [
-            f"launch_{name} = {_shown(name, doc)!r}: {'; '.join(_plain(errs))}; {HINTS.get(name, '')}".rstrip("; ")
-            for name, errs in sorted(validator.errors.items())
+            f"launch_{name} = {_shown(name, doc)!r}: {'; '.join(plain(errs))}; {HINTS.get(name, '')}".rstrip("; ")
+            for name, errs in sorted(checked.errors.items())
         ]
         raise LaunchError("bad launch settings; nothing was started:\n  - " + "\n  - ".join(problems))
-    out = validator.document
+    out = checked.document
     program = out["program"]
     if isinstance(program, str):
         try:
@@ -144,23 +110,6 @@ def _shown(name: str, doc: dict[str, Any]) -> Any:
         marked = doc.get("secret_env")
         return redact({str(k): v for k, v in value.items()}, marked if isinstance(marked, list) else [])
     return value
-
-
-def _plain(errors: list[Any]) -> list[str]:
-    """Cerberus's words for a value that is not a number ("field 'x' cannot be coerced: could not
-    convert string to float: 'soon'", then "must be of ['integer', 'float'] type") said once, plainly."""
-    out: list[str] = []
-    for given in map(str, errors):
-        said = given
-        if "cannot be coerced" in given or given.startswith("must be of ['integer', 'float'] type"):
-            said = "not a number"
-        elif given == "must be of integer type":
-            said = "not a whole number"
-        if said not in out:
-            out.append(said)
-    if "not a number" in out and "not a whole number" in out:
-        out.remove("not a number")
-    return out
 
 
 def _env_value(value: Any) -> str:
@@ -222,9 +171,9 @@ def build(
     directory put in front of the ranks' PATH (meshccl's virtual environment), unless the user's
     own env sets PATH. No secret value is kept: the user's secrets (is_secret(), with the
     settings' ``secret_env`` marked) and the job token are HIDDEN and named in ``secret_env``."""
-    runtime = settings.get("runtime") or "meshccl"
-    per_host = int(settings.get("ranks_per_host") or 1)
-    mlx_port = int(settings.get("mlx_port") or MLX_STARTING_PORT)
+    runtime = settings.get("runtime") or default("runtime")
+    per_host = int(settings.get("ranks_per_host") or default("ranks_per_host"))
+    mlx_port = int(settings.get("mlx_port") or default("mlx_port"))
     nccl = nccl or {}
     management_interface = management_interface or {}
     order = hostfiles.ring_order(plan)
@@ -402,6 +351,11 @@ def preflight_problems(results: dict[str, dict[str, Any]]) -> list[str]:
     return problems
 
 
+def refusal(job_id: str, problems: list[str]) -> str:
+    """What a launch the preflight refused says (launch.yml, `meshkit launch`, the remembered checks)."""
+    return f"preflight failed; no rank of job {job_id} was started:\n  - " + "\n  - ".join(problems)
+
+
 # The planning inputs besides the cabling plan and the settings: what launch.yml gathers (the
 # inventory's settings, every host's torch.env, management interface and meshccl programs).
 INPUTS = (
@@ -443,7 +397,10 @@ def make_job(
         meshccl_port=int(inputs.get("meshccl_port") or MESHCCL_PORT),
         bin_dirs=dict(inputs.get("bin_dirs") or {}),
     )
-    out = job.as_dict() | {"timeout": settings.get("timeout") or 0, "grace": settings.get("grace", 3.0)}
+    out = job.as_dict() | {
+        "timeout": settings.get("timeout") or default("timeout"),
+        "grace": settings.get("grace", default("grace")),
+    }
     if settings.get("host_timeout"):
         out["host_timeout"] = settings["host_timeout"]
     return out

@@ -17,20 +17,16 @@ from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import connection_loader
 from ansible.utils.display import Display
 
-try:  # the controller package (pip install meshkit); the collection's hosts never need it
-    from meshkit import launch_slurm
-    from meshkit.launch_connection import (
-        DEFAULT_HOST_TIMEOUT,
-        ConnectionError_,
-        connection_for,
-    )
+# ImportError guard, kept minimal here: to be joined with the one shared guard of the other action
+# plugins (plugins/plugin_utils/). The controller package (pip install meshkit); hosts never need it.
+try:
+    from meshkit import launch_service
+    from meshkit.launch_connection import ConnectionError_, connection_for
     from meshkit.launch_fast import context_of, preflight_everywhere, preflight_specs
-    from meshkit.launch_mpi import Lines, MpiError, explain, hosts_for
-    from meshkit.launch_plan import LaunchError, preflight_problems, secret_values
-    from meshkit.launcher import Launcher, Terminal
+    from meshkit.launch_plan import preflight_problems, refusal
+    from meshkit.launch_settings import SETTING, START
 except ImportError as exc:
     MESHKIT_IMPORT_ERROR: ImportError | None = exc
-    DEFAULT_HOST_TIMEOUT = 20.0
 else:
     MESHKIT_IMPORT_ERROR = None
 
@@ -61,27 +57,14 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
 
-    def _host_timeout(self, args: dict, job: dict, task_vars: dict) -> float | str:
-        """Seconds without a word from a host before it is lost: the task's ``host_timeout``, the
-        job's (launch_plan's settings), else launch.yml's ``launch_host_timeout``, else the default.
-        A string: what is wrong with the value given."""
-        value = args.get("host_timeout")
-        if value is None:
-            value = job.get("host_timeout")
-        if value is None and task_vars.get("launch_host_timeout") is not None:
-            value = self._templar.template(task_vars["launch_host_timeout"])
-        if value is None or value == "":
-            return DEFAULT_HOST_TIMEOUT
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            seconds = 0.0
-        if not 1 <= seconds <= 3600:
-            return (
-                f"launch_host_timeout = {value!r}: give the seconds without a word from a host before it counts as "
-                f"lost (1-3600; default {DEFAULT_HOST_TIMEOUT:g}); no rank of job {job['job_id']} was started"
-            )
-        return seconds
+    def _start_given(self, args: dict, job: dict, task_vars: dict) -> dict:
+        """The task's start options (launch_settings' start settings); the host timeout, given
+        neither here nor in the job (launch_plan's settings), from launch.yml's launch_host_timeout."""
+        given = {name: args.get(name) for name, setting in SETTING.items() if START in setting.where}
+        variable = SETTING["host_timeout"].variable
+        if given["host_timeout"] is None and job.get("host_timeout") is None and task_vars.get(variable) is not None:
+            given["host_timeout"] = self._templar.template(task_vars[variable])
+        return given
 
     def _given_env(self, args: dict, task_vars: dict) -> dict:
         """The job's environment as the user gave it (the values of its secrets are wanted): the
@@ -122,7 +105,7 @@ class ActionModule(ActionBase):
     def _refused(result: dict, job: dict, problems: list[str]) -> dict:
         result["failed"] = True
         result["changed"] = False
-        result["msg"] = f"preflight failed; no rank of job {job['job_id']} was started:\n  - " + "\n  - ".join(problems)
+        result["msg"] = refusal(job["job_id"], problems)
         return result
 
     def run(self, tmp=None, task_vars=None):
@@ -152,7 +135,7 @@ class ActionModule(ActionBase):
             result["msg"] = str(exc)
             return result
         cables = dict(args.get("cables") or {})
-        slurm = (args.get("scheduler") or "meshkit") == "slurm"
+        slurm = (args.get("scheduler") or SETTING["scheduler"].default) == "slurm"
         # launch.yml's preflight, on every host at once over the connection its ranks then use. Where
         # an agent per host starts the ranks it is that agent's first answer, on the job's own
         # connection (below); else (check mode, `meshkit launch`, Slurm, MPI) a round trip of its own.
@@ -178,21 +161,7 @@ class ActionModule(ActionBase):
             result["changed"] = False
             result["msg"] = f"job {job['job_id']} prepared in {path}"
             return result
-        host_timeout = self._host_timeout(args, job, task_vars)
-        if isinstance(host_timeout, str):
-            result["failed"] = True
-            result["changed"] = False
-            result["msg"] = host_timeout
-            return result
-        try:
-            values = secret_values(job, self._given_env(args, task_vars))
-        except LaunchError as exc:
-            result["failed"] = True
-            result["changed"] = False
-            result["msg"] = str(exc)
-            return result
         log_dir = Path(args.get("log_dir") or job.get("log_dir") or f"artifacts/launch/{job['job_id']}")
-        quiet = bool(args.get("quiet"))
 
         def write(text: str, event: bool) -> None:
             # In the terminal's own thread: Ansible's display (a worker's queue to the main process,
@@ -202,84 +171,18 @@ class ActionModule(ActionBase):
             else:
                 display.display(text)
 
-        scheduler = args.get("scheduler") or "meshkit"
-        if scheduler not in ("meshkit", "slurm"):
-            result["failed"] = True
-            result["changed"] = False
-            result["msg"] = f"launch_scheduler={scheduler!r}: use meshkit (the default) or slurm"
-            return result
-        given = [name for name in ("submit_host", "partition", "batch") if args.get(name)]
-        if given and not slurm:
-            result["failed"] = True
-            result["changed"] = False
-            result["msg"] = f"{', '.join('launch_' + n for n in given)} need launch_scheduler: slurm"
-            return result
         try:
-            if slurm:
-                hosts = launch_slurm.hosts_for(
-                    job,
-                    connections,
-                    values,
-                    submit_host=args.get("submit_host"),
-                    host_timeout=host_timeout,
-                    partition=args.get("partition"),
-                    batch=bool(args.get("batch")),
-                )
-            else:
-                hosts = hosts_for(job, connections, values, log_dir, host_timeout)
-        except (MpiError, launch_slurm.SlurmError) as exc:
+            start = launch_service.start_of(self._start_given(args, job, task_vars), job, log_dir)
+            values = launch_service.secrets(job, self._given_env(args, task_vars))
+            outcome = launch_service.run(
+                job, connections, values, start, write, preflight=preflight_specs(job, cables) if folded else None
+            )
+        except launch_service.Refused as exc:
+            return self._refused(result, job, exc.problems)
+        except launch_service.NotStarted as exc:
             result["failed"] = True
             result["changed"] = False
-            result["msg"] = f"{exc}; no rank of job {job['job_id']} was started"
+            result["msg"] = str(exc)
             return result
-        terminal = Terminal(write, lines=not quiet, log=str(log_dir / "output.log"))
-        launcher = Launcher(
-            hosts,
-            job["job_id"],
-            log_dir,
-            timeout=float(args.get("timeout") or job.get("timeout") or 0) or None,
-            grace=float(args.get("grace") if args.get("grace") is not None else job.get("grace", 3.0)),
-            host_timeout=host_timeout,
-            lines=launch_slurm.Lines(job) if slurm else Lines(job),
-            terminal=terminal,
-        )
-        try:
-            if folded:
-                try:
-                    problems = preflight_problems(launcher.preflight(preflight_specs(job, cables)))
-                except BaseException:
-                    launcher.close()
-                    raise
-                if problems:
-                    launcher.close()
-                    return self._refused(result, job, problems)
-            outcome = launcher.run()
-        finally:
-            terminal.close()
-        result["table"] = outcome.table()
-        result["log_dir"] = str(log_dir)
-        if outcome.ok and slurm and args.get("batch"):
-            number, message = launch_slurm.submitted(job, outcome)
-            result["summary"] = outcome.summary()
-            result["msg"] = f"job {job['job_id']}: {message}"
-            if number is None:
-                result["failed"] = True
-            else:
-                result["slurm_job_id"] = number
-            return result
-        if outcome.ok:
-            result["summary"] = outcome.summary()
-            result["msg"] = f"job {job['job_id']}: {outcome.reason} in {outcome.wall:.1f} s; logs in {log_dir}"
-            return result
-        # Failed: the message says it all (the whole summary is in summary.json beside the logs).
-        result["failed"] = True
-        reason, failures = (launch_slurm.explain if slurm else explain)(job, outcome)
-        lines = [f"job {job['job_id']} failed: {reason}"]
-        for heading, tail in failures:
-            lines.append(f"{heading}; last lines:")
-            lines += [f"    {line}" for line in tail] or ["    (no output)"]
-        if outcome.leftovers:
-            lines.append(f"killed what ranks left running: {outcome.leftovers}")
-        lines.append(f"every rank was stopped; logs in {log_dir}")
-        result["msg"] = "\n".join(lines)
+        result.update(outcome.task_result())
         return result

@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "meshkit_meshccl_install": True,
     "meshkit_meshccl_venv": None,
     "meshkit_meshccl_python": "python3",
-    # Where each group of like hosts gets its meshccl build: controller, group or host (the meshccl role).
+    # Where each group of like hosts gets its meshccl build: controller, group (its first host) or host.
     "meshkit_meshccl_build_on": "controller",
     # Slurm (the slurm role, opt-in): slurmctld's host (None: the first host in the cabling's ring),
     # the partition, and a munge key on the controller (None: the slurmctld host's own).

@@ -37,11 +37,55 @@ options:
     type: dict
     required: true
   settings:
-    description: "The launch settings: program, runtime, ranks_per_host, env, secret_env (names whose values are
-      secrets), timeout, grace, host_timeout, cwd, mlx_port. Secrets given in C(env) are task arguments (give
-      them through O(env_var) instead)."
+    description:
+      - The launch settings (launch.yml's C(launch_<name>) variables), validated before anything is planned; a bad
+        one fails naming its variable and what to do. An unset one takes its default.
+      - Secrets given in C(env) are task arguments (give them through O(env_var) instead).
     type: dict
     required: true
+    suboptions:
+      program:
+        description: The command every rank runs - a string, split as a shell would, or a list.
+        type: raw
+        required: true
+      runtime:
+        description: The environment every rank gets.
+        type: str
+        choices: [meshccl, mlx, torch, mpi, plain]
+        default: meshccl
+      ranks_per_host:
+        description: Ranks on each host (1-256); launch.yml gives the inventory's C(meshkit_ranks_per_host).
+        type: int
+        default: 1
+      env:
+        description: More environment for every rank (wins over meshkit's); names holding C(TOKEN), C(KEY), C(SECRET)
+          or C(PASSWORD) are secrets.
+        type: dict
+        default: {}
+      secret_env:
+        description: More names of O(settings.env) whose values are secrets, whatever their names.
+        type: list
+        elements: str
+        default: []
+      timeout:
+        description: Seconds before every rank is stopped and the job fails; 0 for none.
+        type: float
+        default: 0
+      grace:
+        description: Seconds between SIGTERM and SIGKILL when ranks are stopped (0-120).
+        type: float
+        default: 3
+      host_timeout:
+        description: Seconds without a word from a host before it counts as lost (1-3600).
+        type: float
+        default: 20
+      cwd:
+        description: The ranks' working directory, absolute, on every host (default - the login directory).
+        type: str
+      mlx_port:
+        description: The first port MLX ring ranks listen on (1024-65000).
+        type: int
+        default: 32323
   state_dir:
     description: meshkit's state directory on the hosts; the job's files go to C(<state_dir>/jobs/<job id>) (made
       0700 by the launching user, inside C(<state_dir>/jobs), which setup.yml makes sticky and world-writable).
