@@ -334,6 +334,10 @@ def test_docs_launch_md_tables_the_settings_as_the_table_has_them() -> None:
 
 MIRROR = re.compile(r"\b(meshkit_(?!cfg\b)\w+)\s*\|\s*default\(([^()]*)\)")
 SAID_DEFAULT = re.compile(r"default C\((meshkit_\w+)\) or ([^.;,\s]+)")
+# The roles take their defaults from the validated settings (the preflight role's fact), not from literals.
+READS = re.compile(r"\bpreflight_config\.(meshkit_\w+)")
+# Settings the validation derives (not set by users, so not in DEFAULTS).
+DERIVED = {"meshkit_discover_ports"}
 
 
 def inventory_drift(readme: str, roles: dict[str, str], hostfiles_doc: dict[str, Any]) -> list[str]:
@@ -364,6 +368,8 @@ def inventory_drift(readme: str, roles: dict[str, str], hostfiles_doc: dict[str,
             if said != (str(lo), str(hi)):
                 out.append(f"{name}: README says {'-'.join(said)}, the table {lo}-{hi}")
     for path, text in sorted(roles.items()):
+        for name in sorted(set(READS.findall(text)) - set(DEFAULTS) - DERIVED):
+            out.append(f"{path}: reads {name}, which the validated settings do not hold")
         for m in [*MIRROR.finditer(text), *SAID_DEFAULT.finditer(text)]:
             name, given = m.group(1), m.group(2).strip()
             value = None if given == "none" else yaml.safe_load(given)
@@ -378,15 +384,19 @@ def inventory_drift(readme: str, roles: dict[str, str], hostfiles_doc: dict[str,
 
 
 def role_files() -> dict[str, str]:
-    paths = [*REPO.glob("roles/*/defaults/main.yml"), *REPO.glob("roles/*/meta/argument_specs.yml")]
+    paths = [
+        *REPO.glob("roles/*/defaults/main.yml"),
+        *REPO.glob("roles/*/meta/argument_specs.yml"),
+        *REPO.glob("roles/*/tasks/*.yml"),
+    ]
     return {str(p.relative_to(REPO)): p.read_text() for p in paths}
 
 
 def test_inventory_defaults_schema_readme_and_roles_agree() -> None:
     readme = (REPO / "README.md").read_text()
     roles = role_files()
-    # The roles do mirror some (meshkit_bridge, meshkit_ping_count, ...): the check has something to check.
-    assert sum(len(MIRROR.findall(text)) for text in roles.values()) >= 3
+    # The roles read many settings (meshkit_bridge, meshkit_ping_count, ...): the check has something to check.
+    assert sum(len(MIRROR.findall(text)) + len(READS.findall(text)) for text in roles.values()) >= 3
     assert inventory_drift(readme, roles, options_of(hostfiles_module)) == []
 
 
@@ -395,7 +405,10 @@ def test_inventory_drift_is_named() -> None:
     readme = readme.replace("| `meshkit_ping_count` | `3` |", "| `meshkit_ping_count` | `4` |")
     readme = readme.replace("(1280\N{EN DASH}65520)", "(1280\N{EN DASH}9000)")
     readme = readme.replace("| `meshkit_slurm_partition` |", "| `meshkit_slurm_queue` |")
-    roles = {"roles/x/defaults/main.yml": "x_bridge: \"{{ meshkit_bridge | default('br9') }}\"\n"}
+    roles = {
+        "roles/x/defaults/main.yml": "x_bridge: \"{{ meshkit_bridge | default('br9') }}\"\n",
+        "roles/y/defaults/main.yml": 'y_mtu: "{{ preflight_config.meshkit_mtus }}"\n',
+    }
     hostfiles_doc = {"ranks_per_host": {"default": 2}}
     assert inventory_drift(readme, roles, hostfiles_doc) == [
         "meshkit_slurm_partition: not in README's table",
@@ -403,6 +416,7 @@ def test_inventory_drift_is_named() -> None:
         "meshkit_ping_count: README says default `4`, the table `3`",
         "meshkit_slurm_queue: in README's table, not a variable users set",
         "roles/x/defaults/main.yml: meshkit_bridge defaults to 'br9' there, 'bridge0' in DEFAULTS",
+        "roles/y/defaults/main.yml: reads meshkit_mtus, which the validated settings do not hold",
         "module hostfiles: ranks_per_host defaults to another number than meshkit_ranks_per_host (1)",
     ]
 
