@@ -40,9 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate
-
 from meshkit import check_drift, launch_connection, launch_fast
+from meshkit.rates import parse_rate
 
 MARK = "MESHKIT-CHECK "
 PROGRAM = ["python3", "-m", "meshccl.linkcheck"]
