@@ -33,7 +33,10 @@ ARGUMENT_SPEC: dict[str, Any] = {
 def run_task(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     """The task's result: ``files``, ``dot``, ``changed`` (and ``warnings`` without GraphViz)."""
     p = params
-    text = dot(p["plan"], p["title"], p["dead"], p["removed"], {k: str(v) for k, v in p["management"].items()})
+    # The cables gone since the last plan: the ones given, and the ones plan.json still keeps from
+    # the last recabling (cabling_plan), so a run after a recabling draws what the first one drew.
+    removed = list(dict.fromkeys([*p["removed"], *(p["plan"].get("removed") or [])]))
+    text = dot(p["plan"], p["title"], p["dead"], removed, {k: str(v) for k, v in p["management"].items()})
     base = os.path.join(p["dest"], p["name"])
     dot_path = base + ".dot"
     try:

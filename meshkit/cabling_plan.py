@@ -5,6 +5,10 @@ discovery, sealed and recorded in plan.json.
 
 Run by the action plugin of the same name in ansible-playbook's own Python (no Python of its own
 for the task); plugins/modules/cabling_plan.py documents the options and the result.
+
+plan.json also keeps the cables the last recabling removed (``removed``: descriptive, outside the
+fingerprint) until the cabling changes again, so the picture still shows them on the next run,
+which then has nothing to change.
 """
 
 from __future__ import annotations
@@ -48,6 +52,15 @@ def read_record(path: str) -> dict[str, Any] | None:
         return None
 
 
+def removed_record(previous: dict[str, Any] | None, changes: dict[str, list[str]]) -> list[str]:
+    """The cables the last recabling removed: this run's when the cabling changed since the record,
+    else the record's own (kept until the cabling changes again)."""
+    if changes["added"] or changes["removed"] or not previous:
+        return list(changes["removed"])
+    kept = previous.get("removed")
+    return [c for c in kept if isinstance(c, str)] if isinstance(kept, list) else []
+
+
 def run_task(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     """The task's result: ``plan``, ``changes``, ``unprobed``, ``changed`` (and ``diff``); plan.json
     written when it changed, unless ``check_mode``."""
@@ -82,8 +95,12 @@ def run_task(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
         plan = build_plan(list(p["discovery"]), observations, p["pool"], backend, rdma, previous)
     except TopologyError as exc:
         return {"failed": True, "msg": str(exc), "unprobed": unprobed}
-    data = seal(plan.as_dict(), p["discovery"])
     changes = cabling_changes(previous, plan)
+    model = plan.as_dict()
+    removed = removed_record(previous, changes)
+    if removed:
+        model["removed"] = removed
+    data = seal(model, p["discovery"])
     changes["why_removed"] = why_removed(changes["removed"], p["discovery"])
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     old_text = json.dumps(previous, indent=2, sort_keys=True) + "\n" if previous else ""

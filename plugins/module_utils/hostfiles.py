@@ -33,7 +33,7 @@ MESHCCL_FORMAT = "meshccl-hostfile"
 MESHCCL_VERSION = 1
 MANIFEST_FORMAT = "meshkit-hostfiles"
 # Keys of plan.json that explain, not inputs: they do not change what any host runs.
-DESCRIPTIVE = ("fingerprint", "backend_reason", "asymmetric", "unknown_peers", "missing_mesh")
+DESCRIPTIVE = ("fingerprint", "backend_reason", "asymmetric", "unknown_peers", "missing_mesh", "removed")
 
 
 def fingerprint(plan: dict[str, Any]) -> str:

@@ -15,6 +15,8 @@ description:
     each end and the cable's network.
   - Cables of parallel ring k share a colour; host pairs without a cable (mesh incomplete) are dashed grey;
     dead cables (no ping reply) and cables gone since the last plan are red; one-way links dotted orange.
+  - The cables gone are O(removed) and those the plan still keeps from the last cabling change (its C(removed)),
+    so the run after a change draws the same picture and changes nothing.
   - Idempotent - renders again only when the DOT text changes or an output is missing. Without GraphViz it
     writes the DOT file and warns.
 version_added: 0.1.0
@@ -49,7 +51,9 @@ options:
     elements: str
     default: []
   removed:
-    description: Cables (C(a:p <-> b:q)) of the last plan that discovery no longer finds.
+    description:
+      - Cables (C(a:p <-> b:q)) of the last plan that discovery no longer finds.
+      - Drawn with those of O(plan)'s C(removed).
     type: list
     elements: str
     default: []

@@ -19,6 +19,8 @@ description:
   - Gives each cable a /30 from O(pool) - deterministic whatever the host order; cables of the last recorded
     plan keep their networks - and records the plan in O(record). A cabling change against that record is
     reported.
+  - The record keeps the cables the last cabling change removed (C(removed)) until the cabling changes again,
+    so a later run draws them as M(meshkit.cluster.cabling_picture) drew them first, and has nothing to change.
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
 requirements:
@@ -135,6 +137,14 @@ plan:
       description: Per host, the ports the backend runs RDMA over.
       type: dict
       sample: {"node1": []}
+    removed:
+      description:
+        - Cables of the plan before the last cabling change that it removed, kept until the cabling changes again
+          (descriptive - outside the fingerprint). Absent when the last change removed none.
+      type: list
+      elements: str
+      returned: after a cabling change that removed cables
+      sample: ["node1:tb2 <-> node4:tb0"]
 changes:
   description:
     - Cables added and removed against the last recorded plan (C(added), C(removed)), and for each

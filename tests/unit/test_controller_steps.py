@@ -1,7 +1,7 @@
 """The controller's steps (meshkit/cabling_plan.py, cabling_picture.py, meshccl_wheel.py, lab.py) as
 their action plugins run them in ansible-playbook's Python: the arguments each takes are the ones
-its module file documents, check mode writes nothing, a bad argument fails as the module's did
-(issue 33)."""
+its module file documents, check mode writes nothing, and after a recabling the next run changes
+nothing while the picture still shows what the recabling removed (issue 33)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import yaml
 from ansible_collections.meshkit.cluster.plugins.action import cabling_picture as picture_action
 from ansible_collections.meshkit.cluster.plugins.action import cabling_plan as plan_action
+from ansible_collections.meshkit.cluster.plugins.module_utils.hostfiles import fingerprint
 from ansible_collections.meshkit.cluster.plugins.plugin_utils.controller import ControllerStep
 
 from meshkit import cabling_picture, cabling_plan, lab, meshccl_wheel
@@ -76,6 +77,47 @@ def setup_run(found: dict[str, Any], dest: Path, check: bool = False) -> tuple[d
     ok, drawn = run_action(picture_action, args, check)
     assert ok, drawn
     return planned, drawn
+
+
+def test_after_a_recabling_the_next_run_changes_nothing_and_still_shows_what_was_removed(tmp_path):
+    first, _ = setup_run(discovery(RING), tmp_path)
+    again, drawn = setup_run(discovery(RING), tmp_path)
+    assert first["changed"] and not again["changed"] and not drawn["changed"]
+    assert "removed" not in again["plan"] and 'label="gone since last plan"' not in drawn["dot"]
+
+    recabled, drawn = setup_run(discovery(MOVED), tmp_path)
+    gone = ["node3:tb1 <-> node4:tb0"]
+    assert recabled["changed"] and drawn["changed"]
+    assert recabled["changes"]["removed"] == gone and recabled["changes"]["added"] == ["node1:tb2 <-> node3:tb1"]
+    assert recabled["plan"]["removed"] == gone
+    assert json.loads((tmp_path / "plan.json").read_text())["removed"] == gone
+    picture = (tmp_path / "cabling.dot").read_text()
+    (line,) = [e for e in picture.splitlines() if 'label="gone since last plan"' in e]
+    assert line.strip().startswith('"node3" -- "node4"') and 'taillabel="tb1"' in line
+
+    # The run after: the cabling is as recorded, nothing changes, the picture is the same.
+    after, drawn = setup_run(discovery(MOVED), tmp_path)
+    assert after["changes"]["removed"] == [] and after["changes"]["added"] == []
+    assert not after["changed"] and not drawn["changed"], (after.get("diff"), drawn)
+    assert after["plan"]["removed"] == gone and (tmp_path / "cabling.dot").read_text() == picture
+
+    # The removed cables are explanations: the fingerprint (and so every hostfile) does not cover them.
+    plain = {k: v for k, v in after["plan"].items() if k != "removed"}
+    assert fingerprint(plain) == after["plan"]["fingerprint"]
+
+    # The next cabling change replaces them: the cable moved back, the moved one is gone now; then a
+    # cable added and none removed, and nothing is drawn as gone any more.
+    back, drawn = setup_run(discovery(RING), tmp_path)
+    assert (
+        back["changed"]
+        and back["changes"]["added"] == gone
+        and back["plan"]["removed"] == [MOVED[2][0] + " <-> " + MOVED[2][1]]
+    )
+    (line,) = [e for e in drawn["dot"].splitlines() if 'label="gone since last plan"' in e]
+    assert line.strip().startswith('"node1" -- "node3"')
+    added, drawn = setup_run(discovery([*RING, ("node2:tb2", "node4:tb2")]), tmp_path)
+    assert added["changed"] and added["changes"]["removed"] == [] and "removed" not in added["plan"]
+    assert 'label="gone since last plan"' not in drawn["dot"] and drawn["changed"]
 
 
 def test_check_mode_writes_neither_the_plan_nor_the_picture(tmp_path):
