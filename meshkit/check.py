@@ -40,10 +40,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate
-
 from meshkit import check_drift, launch_fast, launch_service, launch_settings
 from meshkit.launch_settings import default
+from meshkit.rates import parse_rate
 
 MARK = "MESHKIT-CHECK "
 PROGRAM = ["python3", "-m", "meshccl.linkcheck"]

@@ -27,11 +27,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.picture import DEAD, MISSING, PLAIN, _attrs, _q
-from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate, rate_in
-
 from meshkit import check_drift
 from meshkit.check_drift import display
+from meshkit.picture import DEAD, MISSING, PLAIN, attr_list, header, quote
+from meshkit.rates import parse_rate, rate_in
 
 VERSION = 1
 
@@ -762,7 +761,7 @@ def _edge_figure(entry: Mapping[str, Any]) -> str:
 
 
 def dot(plan: Mapping[str, Any], report: Mapping[str, Any], title: str) -> str:
-    """The cabling picture (the look of setup.yml's, plugins/module_utils/picture.py) with every
+    """The cabling picture (the look of setup.yml's, meshkit/picture.py) with every
     cable coloured by measured ÷ expected: green ≥ 90 %, yellow-green ≥ the threshold, orange
     below, red flagged (labelled with its flags and figure); edge width grows with the rate."""
     threshold = float(report.get("threshold") or 0.8)
@@ -790,24 +789,10 @@ def dot(plan: Mapping[str, Any], report: Mapping[str, Any], title: str) -> str:
         f"edge: a→b / b→a Gb/s (% of expected)   green ≥ 90 %   yellow-green ≥ {percent(threshold)} %   "
         "orange below   red = flagged   width = rate   grey dashed = no cable"
     )
-    lines = [
-        "graph check {",
-        "  "
-        + _attrs(
-            layout="circo" if len(hosts) > 2 else "dot",
-            rankdir="LR",
-            label="\n".join([*summary, legend]),
-            labelloc="t",
-            fontname="Helvetica",
-            fontsize=12,
-            mindist=2.4,
-            pad=0.4,
-        ).replace("[", "graph [", 1),
-        "  node " + _attrs(shape="box", style="rounded,filled", fillcolor="#f2f4f7", fontname="Helvetica"),
-        "  edge " + _attrs(fontname="Helvetica", fontsize=9, labelfontsize=9, labeldistance=2.2),
-    ]
+    # Wider apart than setup.yml's: the figures on every edge need the room.
+    lines = header("check", hosts, "\n".join([*summary, legend]), mindist=2.4)
     for host in hosts:
-        lines.append(f"  {_q(host)} {_attrs(label=host)}")
+        lines.append(f"  {quote(host)} {attr_list(label=host)}")
     for cable in plan.get("cables") or []:
         a, b = cable["ends"]
         key = cable_key(cable)
@@ -834,11 +819,11 @@ def dot(plan: Mapping[str, Any], report: Mapping[str, Any], title: str) -> str:
                 attrs.update(color=colour, fontcolor=colour, penwidth=max(width, 2.5), style="bold", label=label)
             else:
                 attrs.update(color=colour, penwidth=width, label=figure)
-        lines.append(f"  {_q(a['host'])} -- {_q(b['host'])} {_attrs(**attrs)}")
+        lines.append(f"  {quote(a['host'])} -- {quote(b['host'])} {attr_list(**attrs)}")
     for pair in plan.get("missing_mesh") or []:
         lines.append(
-            f"  {_q(pair[0])} -- {_q(pair[1])} "
-            + _attrs(style="dashed", color=MISSING, fontcolor=MISSING, label="no cable", constraint="false")
+            f"  {quote(pair[0])} -- {quote(pair[1])} "
+            + attr_list(style="dashed", color=MISSING, fontcolor=MISSING, label="no cable", constraint="false")
         )
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL, DEFAULTS, DISCOVER_PORTS
-from ansible_collections.meshkit.cluster.plugins.module_utils.rates import parse_rate
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS, natural_key
+from ansible_collections.meshkit.cluster.plugins.module_utils.naming import natural_key
 from cerberus import Validator
 
 from meshkit.launch_settings import SETTING
+from meshkit.rates import parse_rate
+from meshkit.topology import BACKENDS
 
 # Set once for the whole cluster: every host must agree.
 CLUSTER_WIDE = (

@@ -8,13 +8,11 @@ import json
 from pathlib import Path
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.meshkit.cluster.plugins.plugin_utils.controller import MeshkitImports
 
-try:  # the controller package (pip install meshkit)
+MESHKIT = MeshkitImports()
+with MESHKIT:
     from meshkit import check, check_drift, check_report
-except ImportError as exc:
-    MESHKIT_IMPORT_ERROR: ImportError | None = exc
-else:
-    MESHKIT_IMPORT_ERROR = None
 
 
 class ActionModule(ActionBase):
@@ -22,10 +20,7 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
-        if MESHKIT_IMPORT_ERROR is not None:
-            from ansible_collections.meshkit.cluster.plugins.action.launch import missing_controller_package
-
-            raise missing_controller_package()
+        MESHKIT.require("check_report")
         result = super().run(tmp, task_vars or {})
         args = dict(self._task.args)
         plan = args["plan"]

@@ -5,13 +5,11 @@
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.meshkit.cluster.plugins.plugin_utils.controller import MeshkitImports
 
-try:  # the controller package (pip install meshkit)
+MESHKIT = MeshkitImports()
+with MESHKIT:
     from meshkit.inventory_schema import slurm_controller_problems, validate_hosts
-except ImportError as exc:
-    MESHKIT_IMPORT_ERROR: ImportError | None = exc
-else:
-    MESHKIT_IMPORT_ERROR = None
 
 
 class ActionModule(ActionBase):
@@ -19,10 +17,7 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
-        if MESHKIT_IMPORT_ERROR is not None:
-            from ansible_collections.meshkit.cluster.plugins.action.launch import missing_controller_package
-
-            raise missing_controller_package()
+        MESHKIT.require("inventory_check")
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         hosts = self._task.args.get("hosts") or task_vars.get("ansible_play_hosts_all", [])

@@ -12,23 +12,19 @@ import json
 from pathlib import Path
 
 from ansible import constants
-from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.plugins.loader import connection_loader
 from ansible.utils.display import Display
+from ansible_collections.meshkit.cluster.plugins.plugin_utils.controller import MeshkitImports
 
-# ImportError guard, kept minimal here: to be joined with the one shared guard of the other action
-# plugins (plugins/plugin_utils/). The controller package (pip install meshkit); hosts never need it.
-try:
+# The controller package (pip install meshkit); the collection's hosts never need it.
+MESHKIT = MeshkitImports()
+with MESHKIT:
     from meshkit import launch_service
     from meshkit.launch_connection import ConnectionError_, connection_for
     from meshkit.launch_fast import context_of, preflight_everywhere, preflight_specs
     from meshkit.launch_plan import preflight_problems, refusal
     from meshkit.launch_settings import SETTING, START
-except ImportError as exc:
-    MESHKIT_IMPORT_ERROR: ImportError | None = exc
-else:
-    MESHKIT_IMPORT_ERROR = None
 
 display = Display()
 
@@ -44,13 +40,6 @@ SSH_OPTIONS = (
     "host_key_checking",
     "control_path_dir",
 )
-
-
-def missing_controller_package() -> AnsibleError:
-    return AnsibleError(
-        "meshkit.cluster's launch runs on the controller with the meshkit Python package, which this "
-        f"Python cannot import ({MESHKIT_IMPORT_ERROR}); install it where ansible-playbook runs: pip install meshkit"
-    )
 
 
 class ActionModule(ActionBase):
@@ -109,8 +98,7 @@ class ActionModule(ActionBase):
         return result
 
     def run(self, tmp=None, task_vars=None):
-        if MESHKIT_IMPORT_ERROR is not None:
-            raise missing_controller_package()
+        MESHKIT.require("launch")
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = self._task.args

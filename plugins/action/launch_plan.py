@@ -10,8 +10,10 @@ job.json holds every secret as <hidden> (launch_plan.build); check mode writes n
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.meshkit.cluster.plugins.plugin_utils.controller import MeshkitImports
 
-try:  # the controller package (pip install meshkit)
+MESHKIT = MeshkitImports()
+with MESHKIT:
     from meshkit.launch_plan import (
         INPUTS,
         LaunchError,
@@ -21,10 +23,6 @@ try:  # the controller package (pip install meshkit)
         stale_hosts,
         validate,
     )
-except ImportError as exc:
-    MESHKIT_IMPORT_ERROR: ImportError | None = exc
-else:
-    MESHKIT_IMPORT_ERROR = None
 
 
 class ActionModule(ActionBase):
@@ -32,10 +30,7 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
-        if MESHKIT_IMPORT_ERROR is not None:
-            from ansible_collections.meshkit.cluster.plugins.action.launch import missing_controller_package
-
-            raise missing_controller_package()
+        MESHKIT.require("launch_plan")
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)

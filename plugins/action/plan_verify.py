@@ -1,16 +1,22 @@
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Action plugin: the module ``plan_verify``'s work, done here on the controller.
+"""Action plugin: load setup.yml's plan.json and check the live cabling against it, here on the
+controller (plugins/modules/plan_verify.py documents it).
 
-plan.json is the controller's file and the comparison is the controller's; run as a module it
-cost a Python of its own (about 0.5 s a launch) for a few milliseconds of work (issue 23)."""
+plan.json is the controller's file and the comparison is the controller's (meshkit/plan_contract.py);
+run as a module it cost a Python of its own (about 0.5 s a launch) for a few milliseconds of work
+(issue 23)."""
 
 from __future__ import annotations
 
 import os
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.meshkit.cluster.plugins.module_utils.plan_contract import PlanError, live_differences, load
+from ansible_collections.meshkit.cluster.plugins.plugin_utils.controller import MeshkitImports
+
+MESHKIT = MeshkitImports()
+with MESHKIT:
+    from meshkit.plan_contract import PlanError, live_differences, load
 
 
 class ActionModule(ActionBase):
@@ -18,6 +24,7 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
+        MESHKIT.require("plan_verify")
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = self._task.args

@@ -23,7 +23,6 @@ import json
 import shlex
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import plan_contract
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import (
     MASTER_PORT,
     MESHCCL_PORT,
@@ -33,12 +32,18 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import (
 MESHCCL_FORMAT = "meshccl-hostfile"
 MESHCCL_VERSION = 1
 MANIFEST_FORMAT = "meshkit-hostfiles"
+# Keys of plan.json that explain, not inputs: they do not change what any host runs.
+DESCRIPTIVE = ("fingerprint", "backend_reason", "asymmetric", "unknown_peers", "missing_mesh", "removed")
 
 
 def fingerprint(plan: dict[str, Any]) -> str:
-    """The plan's fingerprint (plan_contract's, over everything a hostfile depends on, the backend
-    included): every hostfile and the manifest carry it."""
-    return plan_contract.fingerprint(plan)
+    """The plan's fingerprint: SHA-256 of the plan less its explanations (hosts, cables with their
+    ends' addresses, identities, RDMA devices and speeds, rings, backend, per-host ports and RDMA
+    ports). plan.json is sealed with it (meshkit's plan_contract); every hostfile and the manifest
+    carry it, so hosts compute it too."""
+    core = {k: v for k, v in plan.items() if k not in DESCRIPTIVE}
+    text = json.dumps(core, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def ring_order(plan: dict[str, Any]) -> list[str]:

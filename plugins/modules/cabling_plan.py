@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Ansible module: the one topology model of the cluster, planned on the controller."""
+"""Documentation of the cabling_plan action (it runs entirely on the controller, in ansible-playbook's
+Python: plugins/action/cabling_plan.py, meshkit/cabling_plan.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,21 @@ DOCUMENTATION = r"""
 module: cabling_plan
 short_description: Plan the cluster from every host's discovery - cables, rings, backend, one /30 per cable
 description:
-  - Runs on the controller (C(delegate_to=localhost), C(run_once)).
+  - Runs on the controller (C(run_once); C(delegate_to=localhost) as the examples do).
+  - An action plugin - its work is done in ansible-playbook's own Python on the controller (the meshkit package,
+    which must be installed there), with no Python started for the task.
   - Matches every port's seen peer identities against the identities of all ports, giving the cables (with
     multiplicity), asymmetric links, rings (the longest, and parallel rings over doubled cables), the full-mesh
     check and the backend.
   - Gives each cable a /30 from O(pool) - deterministic whatever the host order; cables of the last recorded
     plan keep their networks - and records the plan in O(record). A cabling change against that record is
     reported.
+  - The record keeps the cables the last cabling change removed (C(removed)) until the cabling changes again,
+    so a later run draws them as M(meshkit.cluster.cabling_picture) drew them first, and has nothing to change.
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
 requirements:
-  - networkx (on the controller, where it runs)
+  - the meshkit Python package and networkx (on the controller, where it runs)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
 attributes:
@@ -132,6 +137,14 @@ plan:
       description: Per host, the ports the backend runs RDMA over.
       type: dict
       sample: {"node1": []}
+    removed:
+      description:
+        - Cables of the plan before the last cabling change that it removed, kept until the cabling changes again
+          (descriptive - outside the fingerprint). Absent when the last change removed none.
+      type: list
+      elements: str
+      returned: after a cabling change that removed cables
+      sample: ["node1:tb2 <-> node4:tb0"]
 changes:
   description:
     - Cables added and removed against the last recorded plan (C(added), C(removed)), and for each
@@ -144,86 +157,3 @@ unprobed:
   type: list
   elements: str
 """
-
-import json
-import os
-
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.meshkit.cluster.plugins.module_utils.plan_contract import seal
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
-    HAS_NETWORKX,
-    NETWORKX_IMPORT_ERROR,
-    Observation,
-    TopologyError,
-    build_plan,
-    cabling_changes,
-    why_removed,
-)
-
-
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "discovery": {"type": "dict", "required": True},
-            "pool": {"type": "str", "required": True},
-            "backend": {"type": "str", "default": "", "choices": ["", "ring", "jaccl", "jaccl-ring"]},
-            "rdma": {"type": "raw", "default": False},
-            "save": {"type": "bool", "default": True},
-            "record": {"type": "path", "required": True},
-        },
-        supports_check_mode=True,
-    )
-    if not HAS_NETWORKX:
-        module.fail_json(msg=missing_required_lib("networkx"), exception=NETWORKX_IMPORT_ERROR)
-    p = module.params
-    observations = []
-    unprobed = []
-    for host, ports in p["discovery"].items():
-        for port in ports or []:
-            if port.get("in_bridge"):
-                unprobed.append(f"{host}:{port['port']} (in {port['in_bridge']})")
-            observations.append(
-                Observation(
-                    host,
-                    port["port"],
-                    port.get("ident") or "",
-                    list(port.get("seen") or []),
-                    port.get("speed"),
-                    port.get("rdma"),
-                )
-            )
-    previous = None
-    if os.path.exists(p["record"]):
-        try:
-            with open(p["record"]) as handle:
-                previous = json.load(handle)
-        except (OSError, ValueError):
-            previous = None
-    rdma = p["rdma"] if isinstance(p["rdma"], dict) else module.boolean(p["rdma"])
-    try:
-        # With ports still in a bridge (check mode on a fresh cluster) the cabling is not
-        # known yet: plan what can be seen and do not judge the backend on it.
-        backend = "" if unprobed else p["backend"]
-        plan = build_plan(list(p["discovery"]), observations, p["pool"], backend, rdma, previous)
-    except TopologyError as exc:
-        module.fail_json(msg=str(exc), unprobed=unprobed)
-    data = seal(plan.as_dict(), p["discovery"])
-    changes = cabling_changes(previous, plan)
-    changes["why_removed"] = why_removed(changes["removed"], p["discovery"])
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    old_text = json.dumps(previous, indent=2, sort_keys=True) + "\n" if previous else ""
-    changed = text != old_text and not unprobed and p["save"]
-    result = {"changed": changed, "plan": data, "changes": changes, "unprobed": unprobed}
-    if changed:
-        result["diff"] = {"before": old_text, "after": text, "before_header": p["record"], "after_header": p["record"]}
-        if not module.check_mode:
-            os.makedirs(os.path.dirname(p["record"]) or ".", exist_ok=True)
-            tmp = p["record"] + ".tmp"
-            with open(tmp, "w") as handle:
-                handle.write(text)
-            os.replace(tmp, p["record"])
-    module.exit_json(**result)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Ansible module: the local emulated cluster (namespaces, veth cables, bridges, sshd)."""
+"""Documentation of the lab action (it runs entirely on the controller, in ansible-playbook's
+Python: plugins/action/lab.py, meshkit/lab.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ description:
     route of this machine.
   - Idempotent. A lab that already matches the plan is left alone; one that differs (other shape,
     a dead host) is removed and built again. Host and client keys are kept across rebuilds.
+  - An action plugin - its work is done in ansible-playbook's own Python on the controller (the meshkit package,
+    which must be installed there), with no Python started for the task.
   - Driven by the C(meshkit.cluster.lab) role (C(playbooks/lab.yml)); option names in error messages
     are the role's C(lab_*) variables.
 version_added: 0.1.0
@@ -198,161 +201,3 @@ settled_in:
   returned: when state is present and not in check mode
   type: float
 """
-
-import sys
-import time
-
-from ansible.module_utils.basic import AnsibleModule
-
-try:
-    from meshkit.lab_netns import Lab, LabError
-    from meshkit.lab_spec import LabSpecError, plan, validate
-except ImportError as exc:  # the meshkit package (or its cerberus) is missing from this interpreter
-    IMPORT_ERROR: Exception | None = exc
-else:
-    IMPORT_ERROR = None
-
-
-def summary(plan_dict: dict) -> str:
-    head = next((h for h in plan_dict["hosts"] if h.get("head")), None)
-    lines = [
-        f"lab {plan_dict['name']}: {plan_dict['size']} hosts"
-        + (f" and a head node ({head['name']}, {head['mgmt_ip']}, no cables)" if head else "")
-        + f", {plan_dict['shape']}, "
-        f"{len(plan_dict['cables'])} cables, link rate {plan_dict['link_rate'] or 'unlimited'}, "
-        f"management {plan_dict['mgmt_subnet']}"
-    ]
-    for c in plan_dict["cables"]:
-        a, b = c["ends"]
-        lines.append(f"  cable {c['index']}: {a['host']}:{a['port']} <-> {b['host']}:{b['port']}")
-    return "\n".join(lines) + "\n"
-
-
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "name": {"type": "str", "default": "lab"},
-            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
-            "size": {"type": "raw"},
-            "shape": {"type": "str", "default": "mesh"},
-            "cables": {"type": "raw"},
-            "link_rate": {"type": "raw"},
-            "mgmt_subnet": {"type": "str", "default": "198.18.0.0/24"},
-            "dir": {"type": "path", "required": True},
-            "init_script": {"type": "path", "required": True},
-            "ssh_timeout": {"type": "int", "default": 30},
-            "settle_timeout": {"type": "int", "default": 60},
-            "access": {"type": "str", "default": "root", "choices": ["root", "sudo"]},
-            "names": {"type": "bool", "default": False},
-            "head": {"type": "bool", "default": False},
-            "network_daemon": {"type": "str", "default": "none", "choices": ["none", "networkd"]},
-            "reboot": {"type": "list", "elements": "str", "default": []},
-            "hosts_file": {"type": "path", "default": "/etc/hosts"},
-            "shared_paths": {"type": "list", "elements": "path", "default": []},
-        },
-        supports_check_mode=True,
-    )
-    if IMPORT_ERROR is not None:
-        module.fail_json(
-            msg=f"meshkit.cluster.lab runs with the meshkit Python package on the controller ({IMPORT_ERROR}): "
-            "pip install meshkit"
-        )
-    p = module.params
-    try:
-        doc = validate(
-            {
-                "lab_name": p["name"],
-                "lab_state": p["state"],
-                "lab_size": p["size"],
-                "lab_shape": p["shape"],
-                "lab_cables": p["cables"],
-                "lab_link_rate": p["link_rate"],
-                "lab_mgmt_subnet": p["mgmt_subnet"],
-                "lab_access": p["access"],
-                "lab_names": p["names"],
-                "lab_head": p["head"],
-                "lab_network_daemon": p["network_daemon"],
-            }
-        )
-    except LabSpecError as exc:
-        module.fail_json(msg=str(exc), problems=exc.problems)
-
-    lab = Lab(
-        plan(doc),
-        p["dir"],
-        p["init_script"],
-        sys.executable,
-        ssh_timeout=p["ssh_timeout"],
-        settle_timeout=p["settle_timeout"],
-        hosts_file=p["hosts_file"],
-    )
-    result: dict = {"changed": False, "removed": [], "reasons": [], "elapsed": 0.0}
-    start = time.monotonic()
-    try:
-        if p["state"] == "absent":
-            if lab.exists():
-                result["changed"] = True
-                result["reasons"] = ["state=absent"]
-                result["diff"] = {"before": summary(lab.plan.as_dict()), "after": ""}
-                if not module.check_mode:
-                    result["removed"] = lab.teardown(keep_files=False)
-            result["lab"] = lab.plan.as_dict()
-        else:
-            missing = lab.missing_tools()
-            if missing:
-                module.fail_json(msg="this machine cannot run the lab: " + "; ".join(missing), missing=missing)
-            conflicts = lab.route_conflicts()
-            if conflicts:
-                module.fail_json(
-                    msg=f"lab_mgmt_subnet = {doc['lab_mgmt_subnet']!r} overlaps routes this machine "
-                    f"already has: {'; '.join(conflicts)}. Pick another subnet (-e lab_mgmt_subnet=...) "
-                    "so lab traffic can never leave the machine.",
-                    conflicts=conflicts,
-                )
-            reasons = lab.problems()
-            reboot = [name for name in p["reboot"] if name]
-            if reasons and reboot:
-                module.fail_json(
-                    msg=f"lab_reboot: lab {doc['lab_name']} is not up as asked ({'; '.join(reasons)}); "
-                    "run playbooks/lab.yml without lab_reboot first",
-                    reasons=reasons,
-                )
-            if reasons:
-                result["changed"] = True
-                result["reasons"] = reasons
-                before = lab.recorded()
-                result["diff"] = {
-                    "before": summary(before["plan"]) if before else "",
-                    "after": summary(lab.plan.as_dict()),
-                }
-                if not module.check_mode:
-                    if lab.exists():
-                        result["removed"] = lab.teardown(keep_files=True)
-                    try:
-                        lab.build()
-                        lab.check_shared_paths(p["shared_paths"])
-                    except LabError:
-                        lab.teardown(keep_files=True)  # leave nothing half-built behind
-                        raise
-            elif lab.plan.names and lab.names_problem():
-                # Built as asked, but this machine's hosts file lost the lab's names.
-                result["changed"] = True
-                result["reasons"] = [str(lab.names_problem())]
-                if not module.check_mode:
-                    lab.write_names_block()
-            if reboot:
-                result["changed"] = True
-                if not module.check_mode:
-                    result["rebooted"] = lab.reboot(reboot)
-            if not module.check_mode:
-                # Built now or earlier: return only once every host is settled.
-                result["settled_in"] = lab.settle()
-            result["lab"] = lab.report()
-    except LabError as exc:
-        module.fail_json(msg=str(exc), **result)
-    result["elapsed"] = round(time.monotonic() - start, 2)
-    module.exit_json(**result)
-
-
-if __name__ == "__main__":
-    main()

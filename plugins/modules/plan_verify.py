@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Ansible module: load setup.yml's plan.json and check the live cabling against it."""
+"""Documentation of the plan_verify action (it runs entirely on the controller, in ansible-playbook's
+Python: plugins/action/plan_verify.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ description:
   - Never plans again. Any difference fails the task, naming each cable and what its ends report, and says to
     run C(setup.yml); launches then run on exactly what C(setup.yml) configured and wrote hostfiles for.
   - Run it on the controller (C(delegate_to) localhost, C(run_once)). Changes nothing.
+  - An action plugin - its work is done in ansible-playbook's own Python on the controller (the meshkit package,
+    which must be installed there), with no Python started for the task.
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
@@ -76,32 +79,3 @@ differences:
   elements: str
   sample: ["node1:tb1 <-> node3:tb0: node3:tb0 is down"]
 """
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils.plan_contract import PlanError, live_differences, load
-
-
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "record": {"type": "path", "required": True},
-            "discovery": {"type": "dict", "required": True},
-        },
-        supports_check_mode=True,
-    )
-    try:
-        plan = load(module.params["record"])
-    except PlanError as exc:
-        module.fail_json(msg=str(exc), differences=[])
-    differences = live_differences(plan, module.params["discovery"])
-    if differences:
-        module.fail_json(
-            msg="the cabling differs from the plan setup.yml made; run setup.yml, then launch again:\n  - "
-            + "\n  - ".join(differences),
-            differences=differences,
-        )
-    module.exit_json(changed=False, plan=plan, differences=[])
-
-
-if __name__ == "__main__":
-    main()

@@ -87,6 +87,7 @@ order:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.meshkit.cluster.plugins.module_utils.naming import natural_key
 from ansible_collections.meshkit.cluster.plugins.module_utils.slurm import (
     SlurmConfigError,
     parse_slurmd_c,
@@ -94,7 +95,6 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.slurm import (
     topology_conf,
     topology_tree,
 )
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import natural_key
 
 
 def main() -> None:

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, launch_agent, rdma
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
 
 from meshkit import launch_fast
 from meshkit.check_drift import FLAGS, cable_key, display, drift
+from meshkit.topology import Observation, build_plan
 
 SYSFS = Path(__file__).resolve().parents[1] / "fixtures" / "rdma" / "sysfs"
 SSH = {"node1": "10.9.0.1", "node2": "10.9.0.2"}

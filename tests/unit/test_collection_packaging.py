@@ -145,9 +145,13 @@ def test_the_context_carries_meshkit_with_the_collection(context: Path) -> None:
         names = set(whl.namelist())
         galaxy = yaml.safe_load(whl.read("ansible_collections/meshkit/cluster/galaxy.yml"))
     assert "meshkit/cli.py" in names
+    # The controller's code (the planner, the plan contract, the picture, the steps its action plugins run).
+    for module in (REPO / "meshkit").glob("*.py"):
+        assert f"meshkit/{module.name}" in names
     assert "ansible_collections/meshkit/cluster/meta/runtime.yml" in names
-    for module in (REPO / "plugins" / "modules").glob("*.py"):
-        assert f"ansible_collections/meshkit/cluster/plugins/modules/{module.name}" in names
+    for plugin in (REPO / "plugins").glob("*/*.py"):
+        assert f"ansible_collections/meshkit/cluster/{plugin.relative_to(REPO)}" in names
+    assert "ansible_collections/meshkit/cluster/plugins/plugin_utils/controller.py" in names
     assert galaxy == yaml.safe_load((REPO / "galaxy.yml").read_text())
     containerfile = (context / "Containerfile").read_text()
     assert "COPY _build/meshkit/ /tmp/meshkit-wheel/" in containerfile

@@ -9,8 +9,9 @@ import shlex
 
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
 from ansible_collections.meshkit.cluster.plugins.modules import hostfiles as hostfiles_module
+
+from meshkit.topology import Observation, build_plan
 
 from .module_harness import patch_exits, run_module
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
 
 from meshkit import cli, launch_plan
 from meshkit.launch_plan import HIDDEN, LaunchError, is_secret, redact, secret_values
 from meshkit.launcher import Launcher, host_jobs
+from meshkit.topology import Observation, build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = dict(

@@ -24,7 +24,6 @@ from typing import Any, BinaryIO
 
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import launch_agent
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
 
 from meshkit import launch_plan, launcher
 from meshkit.launcher import (
@@ -38,6 +37,7 @@ from meshkit.launcher import (
     agent_argv,
     host_jobs,
 )
+from meshkit.topology import Observation, build_plan
 
 LOCAL = agent_argv({"kind": "local"}, sys.executable)
 SLEEP = ["sleep", "60"]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import macos
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
+
+from meshkit.topology import (
     Observation,
     build_plan,
     cables_from_observations,
@@ -55,7 +56,7 @@ M4MAX_PORTS = "networksetup_listallhardwareports_macbookpro_m4max_TRIMMED.txt"
 
 
 def observations(host: str, ports: list[dict]) -> list[Observation]:
-    """What plugins/modules/cabling_plan.py builds from one host's discover result."""
+    """What meshkit/cabling_plan.py builds from one host's discover result."""
     return [Observation(host, p["port"], p["ident"], p["seen"], p["speed"], p["rdma"]) for p in ports]
 
 

@@ -486,7 +486,7 @@ def test_the_planner_does_not_choose_jaccl_over_a_tb4_cable():
     """Two Macs, one cable: the M4 Max's en3 (recorded at 40 Gb/s) to the other Mac's en2. Both ends have an
     ACTIVE device (TN3205's rdma_en2, as above); the planner reads `device` and `state` of the RDMA facts, and
     with the 40 Gb/s end it falls back to the ring backend, naming the end and the speed."""
-    from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
+    from meshkit.topology import (
         Observation,
         TopologyError,
         build_plan,

@@ -18,7 +18,8 @@ import uuid
 from pathlib import Path
 
 from ansible_collections.meshkit.cluster.plugins.module_utils import macos
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
+
+from meshkit.topology import Observation, build_plan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "macos"
 STUDIO = json.loads((FIXTURES / "system_profiler_macstudio_m3ultra_peer_macbookpro_owc_drive.json").read_text())

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.meshkit.cluster.plugins.module_utils import meshccl_archive
-from ansible_collections.meshkit.cluster.plugins.modules import meshccl_venv, meshccl_wheel
+from ansible_collections.meshkit.cluster.plugins.modules import meshccl_venv
+
+from meshkit import meshccl_wheel
 
 from .module_harness import patch_exits, run_module
 

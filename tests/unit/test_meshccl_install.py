@@ -14,17 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.meshkit.cluster.plugins.action import meshccl_wheel as meshccl_wheel_action
 from ansible_collections.meshkit.cluster.plugins.module_utils import meshccl_build
 from ansible_collections.meshkit.cluster.plugins.modules import (
     meshccl_host_build,
     meshccl_host_facts,
     meshccl_venv,
-    meshccl_wheel,
 )
 
+from meshkit import meshccl_wheel
 from meshkit.inventory_schema import validate_hosts
 
-from .module_harness import patch_exits, run_module
+from .module_harness import patch_exits, run_action, run_module
 
 SOURCE = Path(__file__).parents[2] / "collective"
 
@@ -47,16 +48,14 @@ def test_bare_requirements_are_pinned_to_the_controllers_versions():
     assert pinned[0].startswith("numpy==") and pinned[1:] == ["pip>=20", "surely-not-installed-pkg"]
 
 
-def test_wheel_check_mode_reports_a_build_without_building(tmp_path, monkeypatch):
-    patch_exits(monkeypatch)
-    ok, out = run_module(meshccl_wheel, {"source": str(SOURCE), "dest": str(tmp_path / "wh")}, check=True)
+def test_wheel_check_mode_reports_a_build_without_building(tmp_path):
+    ok, out = run_action(meshccl_wheel_action, {"source": str(SOURCE), "dest": str(tmp_path / "wh")}, check=True)
     assert ok and out["changed"] is True and out["wheels"] == [] and len(out["build"]) == 16, out
     assert not (tmp_path / "wh").exists()
 
 
-def test_wheel_source_without_pyproject_is_named(tmp_path, monkeypatch):
-    patch_exits(monkeypatch)
-    ok, out = run_module(meshccl_wheel, {"source": str(tmp_path), "dest": str(tmp_path / "wh")})
+def test_wheel_source_without_pyproject_is_named(tmp_path):
+    ok, out = run_action(meshccl_wheel_action, {"source": str(tmp_path), "dest": str(tmp_path / "wh")})
     assert not ok and f"source={tmp_path}: no pyproject.toml" in out["msg"]
 
 
@@ -199,13 +198,12 @@ def test_a_mac_without_the_command_line_tools_is_refused_by_name_with_xcode_sele
     assert "install: xcode-select --install && brew install cmake" in why, why  # the recorded Mac has Homebrew
 
 
-def test_the_compiler_less_mac_is_refused_before_anything_is_built(tmp_path, monkeypatch):
-    patch_exits(monkeypatch)
+def test_the_compiler_less_mac_is_refused_before_anything_is_built(tmp_path):
     mac = from_setup(MAC, python="3.9.6") | {"build_on": "controller"}
     node = lab("node1")
     dest = tmp_path / "cache"
-    ok, out = run_module(
-        meshccl_wheel, {"source": str(SOURCE), "dest": str(dest), "hosts": {"node1": node, "mac1": mac}}
+    ok, out = run_action(
+        meshccl_wheel_action, {"source": str(SOURCE), "dest": str(dest), "hosts": {"node1": node, "mac1": mac}}
     )
     assert not ok
     assert out["msg"].startswith("meshccl cannot be installed; nothing was built or changed:"), out["msg"]
@@ -303,11 +301,10 @@ def test_dependencies_are_resolved_for_the_target_python_not_the_controllers():
     ]  # fmt: skip
 
 
-def test_check_mode_says_what_would_be_built_where_and_builds_nothing(tmp_path, monkeypatch):
-    patch_exits(monkeypatch)
+def test_check_mode_says_what_would_be_built_where_and_builds_nothing(tmp_path):
     hosts = {f"node{i}": lab(f"node{i}", build_on="group" if i > 2 else "controller") for i in range(1, 5)}
     dest = tmp_path / "cache"
-    ok, out = run_module(meshccl_wheel, {"source": str(SOURCE), "dest": str(dest), "hosts": hosts}, check=True)
+    ok, out = run_action(meshccl_wheel_action, {"source": str(SOURCE), "dest": str(dest), "hosts": hosts}, check=True)
     assert ok and out["changed"] is True, out
     assert out["summary"] == [
         f"node1, node2 (linux-x86_64-cp311-glibc2.36): meshccl {out['build']} would build on the controller; "
@@ -325,21 +322,20 @@ def test_check_mode_says_what_would_be_built_where_and_builds_nothing(tmp_path, 
     assert not dest.exists()
 
 
-def test_a_group_wheelhouse_without_the_hosts_meshccl_wheel_is_not_completed(tmp_path, monkeypatch):
-    patch_exits(monkeypatch)
+def test_a_group_wheelhouse_without_the_hosts_meshccl_wheel_is_not_completed(tmp_path):
     staging, path = tmp_path / ".grp-x", tmp_path / "grp"
     staging.mkdir()
     (staging / "numpy-2.0.2-cp39-cp39-macosx_14_0_arm64.whl").write_bytes(b"x")
     (staging / meshccl_wheel.PENDING).write_text("{}")
     group = {"name": "grp", "builder": "mac1", "hosts": ["mac1", "mac2"], "staging": str(staging), "path": str(path)}
-    ok, out = run_module(
-        meshccl_wheel, {"source": str(SOURCE), "dest": str(tmp_path), "phase": "finish", "groups": [group]}
+    ok, out = run_action(
+        meshccl_wheel_action, {"source": str(SOURCE), "dest": str(tmp_path), "phase": "finish", "groups": [group]}
     )
     assert not ok and out["msg"].startswith("mac1 built no meshccl-0.1.0 wheel for mac1, mac2"), out
     assert not path.exists()
     (staging / "meshccl-0.1.0-cp39-cp39-macosx_14_0_arm64.whl").write_bytes(b"y")
-    ok, out = run_module(
-        meshccl_wheel, {"source": str(SOURCE), "dest": str(tmp_path), "phase": "finish", "groups": [group]}
+    ok, out = run_action(
+        meshccl_wheel_action, {"source": str(SOURCE), "dest": str(tmp_path), "phase": "finish", "groups": [group]}
     )
     assert ok and out["changed"] and json.loads((path / meshccl_wheel.MARK).read_text())["built_on"] == "mac1"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.picture import DEAD, MISSING, RING_COLOURS, dot
+from meshkit.picture import DEAD, MISSING, RING_COLOURS, dot
 
 from .test_hostfiles import plan_of
 

@@ -1,4 +1,4 @@
-"""plan.json, the contract from setup to launch (plugins/module_utils/plan_contract.py): sealed,
+"""plan.json, the contract from setup to launch (meshkit/plan_contract.py): sealed,
 validated on load, checked against the live cabling; and an RDMA plan made from recorded RDMA
 facts (a Mac's rdma_ctl / ibv_devinfo output, tests/fixtures/rdma) launched through launch.yml's
 planning step: meshkit.cluster.plan_verify, then meshkit.cluster.launch_plan."""
@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, plan_contract, rdma
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, rdma
 
+from meshkit import plan_contract
+from meshkit.topology import Observation, build_plan
 from tests.unit.test_rdma import REC, transcript
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,9 +1,10 @@
-"""Link rates as inventories, tc and macOS write them (plugins/module_utils/rates.py)."""
+"""Link rates as inventories, tc and macOS write them (meshkit/rates.py)."""
 
 from __future__ import annotations
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils.rates import format_rate, parse_rate, rate_in
+
+from meshkit.rates import format_rate, parse_rate, rate_in
 
 
 @pytest.mark.parametrize(

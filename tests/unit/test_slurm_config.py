@@ -26,8 +26,9 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.slurm import (
     topology_conf,
     topology_tree,
 )
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import Observation, build_plan
 from ansible_collections.meshkit.cluster.plugins.modules import slurm_config
+
+from meshkit.topology import Observation, build_plan
 
 from .module_harness import patch_exits, run_module
 

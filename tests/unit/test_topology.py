@@ -1,4 +1,4 @@
-"""The topology model (plugins/module_utils/topology.py): cables, rings, backend, addresses."""
+"""The topology model (meshkit/topology.py): cables, rings, backend, addresses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import ipaddress
 import random
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import (
+
+from meshkit.topology import (
     Cable,
     Observation,
     PortEnd,

@@ -9,33 +9,26 @@ host applies). launch.yml and ``meshkit launch`` load it, validate it, check the
 against it and never plan again; hostfiles carry the same fingerprint, so a hostfile made from
 another plan (another backend included) is refused by name.
 
-Plain Python (no AnsibleModule): run by modules on the controller.
+The controller's: run in ansible-playbook's Python (meshkit.cluster.cabling_plan and plan_verify)
+and by ``meshkit launch``. The fingerprint itself is the hostfiles' (module_utils/hostfiles.py),
+since hosts compute it too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils.topology import BACKENDS  # "": addresses only
+from ansible_collections.meshkit.cluster.plugins.module_utils.hostfiles import fingerprint
+
+from meshkit.topology import BACKENDS  # "": addresses only
 
 FORMAT = "meshkit-plan"
 VERSION = 2
-# Explanations, not inputs: they do not change what any host runs.
-DESCRIPTIVE = ("fingerprint", "backend_reason", "asymmetric", "unknown_peers", "missing_mesh")
 
 
 class PlanError(Exception):
     """plan.json cannot be used; the message says why and what to do."""
-
-
-def fingerprint(plan: dict[str, Any]) -> str:
-    """SHA-256 of the plan less its explanations: hosts, cables (ends, addresses, identities, RDMA
-    devices, speeds), rings, backend, per-host ports and RDMA ports."""
-    core = {k: v for k, v in plan.items() if k not in DESCRIPTIVE}
-    text = json.dumps(core, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def seal(plan: dict[str, Any], discovery: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -2,11 +2,11 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The one topology model: cables from discovery, rings, mesh check, backend, addresses.
 
-Plain Python (no AnsibleModule). Discovery on every host reports, per candidate
-peer port, the port's own identity (a MAC on Linux, a Thunderbolt domain UUID
-on macOS) and the identities it saw at the other end. Everything later
-(addresses, hostfiles, pictures, launch environment) is derived from the
-``Plan`` built here, and nothing else re-derives topology.
+The controller's (meshkit.cluster.cabling_plan runs it in ansible-playbook's Python). Discovery
+on every host reports, per candidate peer port, the port's own identity (a MAC on Linux, a
+Thunderbolt domain UUID on macOS) and the identities it saw at the other end. Everything later
+(addresses, hostfiles, pictures, launch environment) is derived from the ``Plan`` built here,
+and nothing else re-derives topology.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ def _networkx() -> Any:
 
 
 class _Networkx:
-    """networkx, imported when the planner first uses it: the host modules that import this file
-    (through hostfiles and plan_contract) never plan, and networkx costs them about 0.2 s a call."""
+    """networkx, imported when the planner first uses it: what imports this file only for its
+    names (the inventory check's BACKENDS) never plans, and networkx costs about 0.2 s to import."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_networkx(), name)
 
 
-# networkx is a requirement of the controller, where the plan is made (cabling_plan fails with
-# missing_required_lib() without it); importing this file must not need it.
+# networkx is a requirement of the meshkit package, where the plan is made (cabling_plan fails
+# with missing_required_lib() without it); importing this file must not need it.
 try:
     if importlib.util.find_spec("networkx") is None:
         _networkx()  # not there: the ImportError an import gives, for the message

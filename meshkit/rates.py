@@ -4,7 +4,7 @@
 
 ``40gbit``, ``200mbit`` (tc's words: bit is bits), ``40Gb/s``, ``40 Gb/s`` (as macOS's
 system_profiler shows a Thunderbolt link), ``5GB/s`` (bytes) and ``125mbps`` (tc: bps is BYTES per
-second) are all understood. Plain data and the standard library: modules and the controller import it.
+second) are all understood. The controller's (the inventory check, ``meshkit check``); no host needs it.
 """
 
 from __future__ import annotations

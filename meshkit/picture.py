@@ -4,7 +4,8 @@
 
 Cables carry their port and address at each end; cables of parallel ring k share a colour;
 host pairs without a cable (for a full mesh) are dashed grey; cables that stopped answering
-(dead) and cables gone since the last plan are red.
+(dead) and cables gone since the last plan are red. ``meshkit check``'s picture
+(check_report.dot) has the same look: it draws with ``header``, ``quote`` and ``attr_list``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,35 @@ MISSING = "#9a9a9a"
 PLAIN = "#333333"
 
 
-def _q(text: str) -> str:
+def quote(text: str) -> str:
+    """A DOT string: double-quoted, backslashes, quotes and newlines escaped."""
     return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def _attrs(**attrs: Any) -> str:
-    return "[" + ", ".join(f"{k}={_q(v) if isinstance(v, str) else v}" for k, v in attrs.items()) + "]"
+def attr_list(**attrs: Any) -> str:
+    """A DOT attribute list, ``[k="v", n=1]``: strings quoted, numbers as they are."""
+    return "[" + ", ".join(f"{k}={quote(v) if isinstance(v, str) else v}" for k, v in attrs.items()) + "]"
+
+
+def header(graph: str, hosts: list[str], label: str, mindist: float = 1.6) -> list[str]:
+    """The first lines of a picture: ``graph <graph> {``, the graph's look and ``label`` (the
+    summary lines and the legend) on top, then the look of every host box and every cable."""
+    return [
+        f"graph {graph} {{",
+        "  "
+        + attr_list(
+            layout="circo" if len(hosts) > 2 else "dot",
+            rankdir="LR",
+            label=label,
+            labelloc="t",
+            fontname="Helvetica",
+            fontsize=12,
+            mindist=mindist,
+            pad=0.4,
+        ).replace("[", "graph [", 1),
+        "  node " + attr_list(shape="box", style="rounded,filled", fillcolor="#f2f4f7", fontname="Helvetica"),
+        "  edge " + attr_list(fontname="Helvetica", fontsize=9, labelfontsize=9, labeldistance=2.2),
+    ]
 
 
 def dot(
@@ -51,25 +75,10 @@ def dot(
         f"backend: {plan.get('backend') or 'none'}",
     ]
     legend = "colour = ring k   grey dashed = no cable (mesh incomplete)   red = dead / gone since last plan"
-    lines = [
-        "graph cabling {",
-        "  "
-        + _attrs(
-            layout="circo" if len(plan["hosts"]) > 2 else "dot",
-            rankdir="LR",
-            label="\n".join([*summary, legend]),
-            labelloc="t",
-            fontname="Helvetica",
-            fontsize=12,
-            mindist=1.6,
-            pad=0.4,
-        ).replace("[", "graph [", 1),
-        "  node " + _attrs(shape="box", style="rounded,filled", fillcolor="#f2f4f7", fontname="Helvetica"),
-        "  edge " + _attrs(fontname="Helvetica", fontsize=9, labelfontsize=9, labeldistance=2.2),
-    ]
+    lines = header("cabling", plan["hosts"], "\n".join([*summary, legend]))
     for host in plan["hosts"]:
         label = host + (f"\n{management[host]}" if management.get(host) else "")
-        lines.append(f"  {_q(host)} {_attrs(label=label)}")
+        lines.append(f"  {quote(host)} {attr_list(label=label)}")
     for c in plan.get("cables", []):
         a, b = c["ends"]
         name = f"{a['host']}:{a['port']} <-> {b['host']}:{b['port']}"
@@ -85,7 +94,7 @@ def dot(
         }
         if is_dead:
             attrs.update(color=DEAD, fontcolor=DEAD, style="bold", label=f"DEAD (no ping reply)\n{c['network']}")
-        lines.append(f"  {_q(a['host'])} -- {_q(b['host'])} {_attrs(**attrs)}")
+        lines.append(f"  {quote(a['host'])} -- {quote(b['host'])} {attr_list(**attrs)}")
     gone_pairs = set()
     for cable in removed or []:
         left, _sep, right = cable.partition(" <-> ")
@@ -94,8 +103,8 @@ def dot(
         if frozenset(pair) in gone_pairs:
             continue  # drawn below as the cable that was there
         lines.append(
-            f"  {_q(pair[0])} -- {_q(pair[1])} "
-            + _attrs(style="dashed", color=MISSING, fontcolor=MISSING, label="no cable", constraint="false")
+            f"  {quote(pair[0])} -- {quote(pair[1])} "
+            + attr_list(style="dashed", color=MISSING, fontcolor=MISSING, label="no cable", constraint="false")
         )
     for cable in removed or []:
         left, _sep, right = cable.partition(" <-> ")
@@ -103,8 +112,8 @@ def dot(
         hb, pb = right.rsplit(":", 1)
         if ha in plan["hosts"] and hb in plan["hosts"]:
             lines.append(
-                f"  {_q(ha)} -- {_q(hb)} "
-                + _attrs(
+                f"  {quote(ha)} -- {quote(hb)} "
+                + attr_list(
                     style="dashed",
                     color=DEAD,
                     fontcolor=DEAD,
@@ -118,8 +127,8 @@ def dot(
         ha = link["seen_by"].rsplit(":", 1)[0]
         hb = link["peer"].rsplit(":", 1)[0]
         lines.append(
-            f"  {_q(ha)} -- {_q(hb)} "
-            + _attrs(style="dotted", color="#e67e22", label="one-way: " + link["reason"], constraint="false")
+            f"  {quote(ha)} -- {quote(hb)} "
+            + attr_list(style="dotted", color="#e67e22", label="one-way: " + link["reason"], constraint="false")
         )
     lines.append("}")
     return "\n".join(lines) + "\n"
