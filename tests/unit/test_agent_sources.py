@@ -59,17 +59,33 @@ def decoy_collection(root: Path) -> Path:
     return root
 
 
-def on_host(tmp_path: Path, first: dict[str, Any]) -> list[dict[str, Any]]:
+def on_host(tmp_path: Path, first: dict[str, Any], until: str | None = None) -> list[dict[str, Any]]:
     """The agent started as the launcher starts it, on a "host" whose Python path has the decoy first;
-    what it says, until it ends."""
+    what it says until it ends. Its input stays open until it says ``until`` (the end of input stops a
+    job, as a controller that went away would)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(decoy_collection(tmp_path / "host"))
-    proc = subprocess.run(
-        [sys.executable, "-u", "-c", BOOTSTRAP], input=agent_input((json.dumps(first) + "\n").encode()),
-        capture_output=True, env=env, cwd=tmp_path, timeout=60, check=False,
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=env, cwd=tmp_path,
     )  # fmt: skip
-    assert proc.returncode == 0 and b"host copy" not in proc.stderr, proc
-    return [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert proc.stdin is not None and proc.stdout is not None
+    said: list[dict[str, Any]] = []
+    try:
+        proc.stdin.write(agent_input((json.dumps(first) + "\n").encode()))
+        proc.stdin.flush()
+        while until and not any(m["t"] == until for m in said):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            said.append(json.loads(line))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and b"host copy" not in err, (proc.returncode, err)
+    return said + [json.loads(line) for line in out.decode().splitlines()]
 
 
 def test_a_check_runs_from_the_sent_sources_never_from_the_hosts_collection(tmp_path: Path) -> None:
@@ -91,7 +107,7 @@ def test_a_check_runs_from_the_sent_sources_never_from_the_hosts_collection(tmp_
 def test_a_job_runs_from_the_sent_sources_never_from_the_hosts_collection(tmp_path: Path) -> None:
     rank = {"rank": 0, "argv": ["sh", "-c", "echo sent"], "env": {}, "cwd": None}
     job = {"job": f"sent-{uuid.uuid4().hex}", "dir": str(tmp_path / "job"), "grace": 0.5, "ranks": [rank]}
-    said = [m for m in on_host(tmp_path, job) if m["t"] != "hb"]
+    said = [m for m in on_host(tmp_path, job, until="exit") if m["t"] != "hb"]
     assert [m["t"] for m in said] == ["started", "out", "exit", "bye"], said
     assert said[1]["d"] == "sent\n" and said[2]["code"] == 0
 
