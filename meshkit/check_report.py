@@ -4,7 +4,7 @@
 flags, then into a terminal table, JSON, a Prometheus textfile and the cabling picture.
 
 Inputs: the plan (plan.json), the worker's ``MESHKIT-CHECK`` records (meshccl.linkcheck: rates in
-BYTES per second), the drift items (meshkit.check_drift) and every host's facts (launch_agent
+BYTES per second), the drift items (meshkit.check_drift) and every host's facts (module_utils
 host_facts: per port ``mtu`` and ``speed_mbps``). The report's rates are bits per second; the
 Prometheus textfile's are bytes per second (Prometheus' base unit). Nothing here touches a host.
 
@@ -383,7 +383,7 @@ def build(
 ) -> dict[str, Any]:
     """The report (JSON, version 1) of one check. ``records``: the worker's MESHKIT-CHECK objects
     (any "t"; progress and done are ignored), ``drift_items``: check_drift's items, ``facts``:
-    host → launch_agent host_facts."""
+    host → module_utils host_facts.host_facts()."""
     facts = facts or {}
     inventory_rates = inventory_rates or {}
     records = list(records)

@@ -44,7 +44,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DI
 from meshkit import launch_connection
 from meshkit.launch_plan import host_preflight, make_job, preflight_problems, record_job, refusal, validate
 from meshkit.launch_settings import default
-from meshkit.launcher import AGENT_SOURCE, agent_argv
+from meshkit.launcher import agent_argv, agent_input
 
 # Bumped when the context's shape or meaning changes: older caches are then not used.
 VERSION = 1
@@ -197,11 +197,11 @@ def run_checks(
 ) -> dict[str, dict[str, Any]]:
     """Every host's check, all at once, over its connection: {host: {"preflight", "facts"}} or
     {host: {"error": text}}."""
-    source = AGENT_SOURCE.read_bytes()
+    program = agent_input()
 
     def one(host: str) -> dict[str, Any]:
         conn = connections[host]
-        data = f"{len(source):010d}".encode() + source + (json.dumps({"check": specs[host]}) + "\n").encode()
+        data = program + (json.dumps({"check": specs[host]}) + "\n").encode()
         # stderr goes to a file: an ssh that starts a persistent master leaves that master holding
         # its stderr open (the launcher reads only stdout to its end for the same reason).
         with tempfile.TemporaryFile() as errors:
@@ -239,9 +239,10 @@ def run_checks(
 
 
 def preflight_specs(job: dict[str, Any], cables: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per host of the job, what its agent's preflight checks (launch_agent.check_host): the module
-    launch_preflight's checks, its cables (``cables``: the plan's per_host) included, no facts. The
-    cable checks are the collection's own (macos.launch_checks), their sources sent with the spec."""
+    """Per host of the job, what its agent's preflight checks (agent_preflight.check_host): the
+    program, interpreter, working directory and ports, its cables (``cables``: the plan's per_host)
+    included, no facts. The cable checks are the collection's own (macos.launch_checks, and linux_net
+    it imports), their sources sent with the spec."""
     modules = {name: Path(module.__file__).read_text() for name, module in (("macos", macos), ("linux_net", linux_net))}
     specs = {}
     for host in dict.fromkeys(r["host"] for r in job["ranks"]):
@@ -254,8 +255,8 @@ def preflight_everywhere(
     job: dict[str, Any], connections: dict[str, dict[str, Any]], cables: dict[str, list[dict[str, Any]]]
 ) -> dict[str, dict[str, Any]]:
     """launch.yml's preflight on every host of the job at once, in one round trip each over the
-    connection its ranks then use (the agent's check mode): per host, what the module
-    launch_preflight reports. A host that cannot be checked gets that as its problem."""
+    connection its ranks then use (the agent's check mode): per host, what its preflight reports
+    (agent_preflight.check_host). A host that cannot be checked gets that as its problem."""
     answers = run_checks(connections, preflight_specs(job, cables))
     out = {}
     for host, answer in answers.items():

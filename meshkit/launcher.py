@@ -2,12 +2,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The controller side of a launch: one agent per host, supervised together, failing fast.
 
-Each host's agent (module_utils/launch_agent.py) is started over that host's connection: its
-source goes down the connection's stdin, then the host's share of the job. From then on the
-connection carries the ranks' output up and stop / stdin messages down. The first rank that
-exits non-zero (or a host whose connection drops) stops every rank on every host; so do the
-overall timeout and Ctrl-C. A host's agent also stops its ranks by itself when its connection
-closes, so a killed controller leaves nothing behind either.
+Each host's agent (module_utils/launch_agent.py and its parts) is started over that host's
+connection: its sources go down the connection's stdin (agent_input()), then the host's share of
+the job. From then on the connection carries the ranks' output up and stop / stdin messages down.
+The first rank that exits non-zero (or a host whose connection drops) stops every rank on every
+host; so do the overall timeout and Ctrl-C. A host's agent also stops its ranks by itself when its
+connection closes, so a killed controller leaves nothing behind either.
 
 No host can hold the launcher up: every write to a host's connection is non-blocking, from a
 per-host buffer flushed when the selector says the pipe takes more, so a wedged host (its ssh no
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_agent
+from ansible_collections.meshkit.cluster.plugins.module_utils import agent_sources
 
 from meshkit.launch_connection import (
     DEFAULT_HOST_TIMEOUT,
@@ -48,8 +48,8 @@ from meshkit.launch_connection import (
 )
 from meshkit.launch_plan import JOB_ID_ENV, TOKEN_ENV
 
-# Reads the agent's source (10-digit length, then the bytes) from stdin and runs it. Kept free of
-# quotes that a remote shell would mangle; it is quoted as one word anyway.
+# Reads the agent's program (10-digit length, then the bytes: agent_source()) from stdin and runs
+# it. Kept free of quotes that a remote shell would mangle; it is quoted as one word anyway.
 BOOTSTRAP = (
     "import os\n"
     "def r(n):\n"
@@ -62,7 +62,7 @@ BOOTSTRAP = (
     "    return b\n"
     "exec(compile(r(int(r(10))), 'meshkit-launch-agent', 'exec'))\n"
 )
-AGENT_SOURCE = Path(launch_agent.__file__)
+MODULE_UTILS_DIR = Path(agent_sources.__file__).parent
 # Seconds every host's preflight may take (its `python -m` probe alone may take 60 s).
 PREFLIGHT_TIMEOUT = 90.0
 TAIL_LINES = 20
@@ -82,6 +82,22 @@ WRITE_BATCH = 1 << 16
 def heartbeat_interval(host_timeout: float) -> float:
     """Seconds between heartbeats, both ways: four chances within the host timeout, at most 5 s."""
     return max(0.05, min(5.0, host_timeout / 4))
+
+
+def agent_source() -> bytes:
+    """The program the bootstrap runs on a host: module_utils/agent_sources.py, then its run() with
+    the sources of the agent's parts (agent_sources.AGENT_PARTS), read from this collection: the host
+    imports every part from them, never from a collection of its own."""
+    parts = {name: (MODULE_UTILS_DIR / f"{name}.py").read_text(encoding="utf-8") for name in agent_sources.AGENT_PARTS}
+    program = (MODULE_UTILS_DIR / "agent_sources.py").read_text(encoding="utf-8")
+    return f"{program}\nraise SystemExit(run({parts!r}))\n".encode()
+
+
+def agent_input(first_line: bytes = b"") -> bytes:
+    """What a host's bootstrap reads: the program's length (10 digits), the program, then
+    ``first_line`` (the agent's first message: its job, a preflight or a check)."""
+    program = agent_source()
+    return f"{len(program):010d}".encode() + program + first_line
 
 
 def agent_argv(connection: dict[str, Any], python: str) -> list[str]:
@@ -520,8 +536,8 @@ class Launcher:
     # --- the job ------------------------------------------------------------------------------------
 
     def _connect_hosts(self, first_line: Callable[[HostJob], bytes]) -> None:
-        """Start every host's connection and send it the agent's source and ``first_line``."""
-        source = AGENT_SOURCE.read_bytes()
+        """Start every host's connection and send it the agent's program and ``first_line``."""
+        program = agent_input()
         self.hosts: list[_Host] = []
         for hj in self.hosts_spec:
             proc = subprocess.Popen(
@@ -537,11 +553,11 @@ class Launcher:
                 os.set_blocking(stream.fileno(), False)
             for stream in (proc.stdout, proc.stderr):
                 self.sel.register(stream, selectors.EVENT_READ, host)
-            self._queue(host, f"{len(source):010d}".encode() + source + first_line(hj))
+            self._queue(host, program + first_line(hj))
 
     def preflight(self, specs: dict[str, dict[str, Any]], timeout: float = PREFLIGHT_TIMEOUT) -> dict[str, Any]:
         """launch.yml's preflight on the connections the ranks then use, before anything starts:
-        each host's agent checks its host (launch_agent.check_host with ``specs[host]``), answers
+        each host's agent checks its host (agent_preflight.check_host with ``specs[host]``), answers
         and waits for the job. Returns {host: what its preflight found}; a host that could not
         answer has that as its problem. run() then sends the job over the same connections, or
         close() ends them with nothing started."""

@@ -25,6 +25,7 @@ from ansible_collections.meshkit.cluster.plugins.module_utils import (
     linux_persist,
     macos,
     management,
+    port_rules,
     rdma,
 )
 from ansible_collections.meshkit.cluster.plugins.module_utils.common import (
@@ -153,7 +154,7 @@ def bridge_detach(module: Any) -> dict[str, Any]:
                 set(plan["detach"])
                 | {
                     link["ifname"]
-                    for link in linux_net.candidate_ports(all_links, p["peer_ports"], mgmt)
+                    for link in port_rules.candidate_ports(all_links, p["peer_ports"], mgmt)
                     if p["peer_ports"] and not link.get("master")
                 }
             )
@@ -302,13 +303,13 @@ def wait_for_link_local(run, names: list[str], seconds: float) -> list[str]:
 def discover_linux(module: Any, run, params: dict) -> tuple[list[dict], str | None]:
     all_links = linux_net.links(run)
     mgmt = find_management_interface(module, run, darwin=False)
-    candidates = linux_net.candidate_ports(all_links, params["peer_ports"], mgmt)
+    candidates = port_rules.candidate_ports(all_links, params["peer_ports"], mgmt)
     probe = [p for p in candidates if not p.get("master") and "UP" in p.get("flags", [])]
     errors: dict[str, str] = {}
     if probe:
         # Only ports with carrier will get a link-local address; an unplugged one is not waited for
         # (nor is its probe's failure news: it has no cable).
-        carrier = [p["ifname"] for p in probe if linux_net.has_carrier(p)]
+        carrier = [p["ifname"] for p in probe if port_rules.has_carrier(p)]
         wait_for_link_local(run, carrier, 10)
         errors = probe_linux(module, carrier, params["probe_seconds"])
     for port, why in sorted(errors.items()):

@@ -15,23 +15,14 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+# Which interfaces may be cables, and which never are (the management interface and what it rests
+# on): port_rules, the one definition discovery, the launch agent and `meshkit check` share.
+from ansible_collections.meshkit.cluster.plugins.module_utils.port_rules import matches, protected
+
 if TYPE_CHECKING:  # annotations only: modules run on the hosts' Pythons (3.8 and later)
     from collections.abc import Callable
 
     Run = Callable[[list[str]], tuple[int, str, str]]
-
-
-# Which interfaces may be cables, and which never are (the management interface and what it rests
-# on), is defined once, in the launch agent: it runs standalone on the hosts (the launcher sends its
-# source), and `meshkit launch`'s per-host check must judge links exactly as discovery does.
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import (
-    candidate_ports,
-    has_carrier,
-    matches,
-    protected,
-)
-
-__all__ = ["candidate_ports", "has_carrier", "matches", "protected"]
 
 
 class NetError(RuntimeError):

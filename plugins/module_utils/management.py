@@ -36,9 +36,9 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, macos
+from ansible_collections.meshkit.cluster.plugins.module_utils import macos
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DEFAULT_POOL
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import matches
+from ansible_collections.meshkit.cluster.plugins.module_utils.port_rules import matches, protected
 
 if TYPE_CHECKING:  # annotations only: modules run on the hosts' Pythons (3.8 and later)
     from collections.abc import Callable, Iterable
@@ -473,7 +473,7 @@ def establish(params: dict, run, system: str, resolve: Resolve, environ: dict | 
     result["interface"] = mgmt
     bridge = params.get("bridge")
     # What the management interface rests on (a VLAN's lower device, a bond's ports) counts as it.
-    rests_on = linux_net.protected(net.links, mgmt) if net.links else {mgmt}
+    rests_on = protected(net.links, mgmt) if net.links else {mgmt}
     inside = sorted(n for n in rests_on if n == bridge or n in net.bridge_members.get(bridge or "", []))
     if bridge and inside:
         what = (

@@ -13,8 +13,8 @@ description:
     and is up, its MAC, MTU, negotiated speed, IPv4 addresses, the routes that leave through it, the route to the
     peer's address and the MAC that answers for it; cable-candidate ports that are up but not planned; with
     O(rdma), the RDMA ports as sysfs shows them and the C(NCCL_IB_*) variables of the host's C(torch.env).
-  - The same facts C(meshkit check) and C(meshkit launch) ask every host for (the launch agent's C(host_facts));
-    the meshkit package's C(check_drift) compares them with the plan.
+  - The same facts C(meshkit check) and C(meshkit launch) ask every host for (module_utils C(host_facts), which
+    the launch agent runs too); the meshkit package's C(check_drift) compares them with the plan.
   - Linux only; on macOS only the hostfiles' fingerprint and the meshccl build are read (the launch preflight
     checks the Thunderbolt Bridge and Local Network Privacy there).
   - Read-only (one UDP datagram to the discard port of a peer whose neighbour entry is missing, so the kernel
@@ -75,7 +75,7 @@ facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import host_facts
+from ansible_collections.meshkit.cluster.plugins.module_utils.host_facts import host_facts
 
 
 def main() -> None:

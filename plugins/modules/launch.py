@@ -12,8 +12,13 @@ description:
   - Runs on the controller (action plugin). Checks the preflight of every host first (each host's problems, and a
     program, interpreter or script that is not at the same path everywhere) and starts nothing if any fails. With
     O(check_hosts) every host runs that preflight itself, all at once, in one round trip each over the connection its
-    ranks then use (the supervisor's check mode; see M(meshkit.cluster.launch_preflight) for the checks); else
-    O(preflight) gives the results.
+    ranks then use (the supervisor's check mode); else O(preflight) gives the results.
+  - The preflight changes nothing. It resolves the program (through C(PATH), the job's own C(PATH) when it sets one)
+    and its interpreter (a script's C(#!) line, or the script or C(-m) module a Python is given) to real paths, checks
+    the working directory and further commands (C(orted) for MPI), and tries to bind every planned listening address
+    and port (a taken one named with the process that holds it). With O(cables), it checks that no cable port is a
+    member of a bridge and connects to every peer's cable address from the ranks' own interpreter (Local Network
+    Privacy on macOS named as such, with the fix).
   - Reaches every host with the inventory's connection settings (ssh with the inventory's address, user, key and
     options, so host key checking stays as configured; the lab's C(meshkit.cluster.netns) through C(nsenter)) and
     starts one supervisor per host over that connection; it starts the host's ranks and streams their output.
@@ -52,18 +57,20 @@ options:
     type: dict
     required: true
   preflight:
-    description: Per host, the result of M(meshkit.cluster.launch_preflight).
+    description:
+      - Per host, the preflight's result - C(program), C(interpreter), C(script), C(problems) (and, with cables,
+        C(notes), C(peers), C(bridged), C(context), C(probed_with)).
     type: dict
   check_hosts:
     description:
-      - Have every host run the preflight of M(meshkit.cluster.launch_preflight) (the same checks and messages) over
-        its launch connection, before anything starts. In check mode too (it changes nothing); then nothing starts.
+      - Have every host run the preflight (the same checks and messages) over its launch connection, before anything
+        starts. In check mode too (it changes nothing); then nothing starts.
     type: bool
     default: false
   cables:
     description:
       - With O(check_hosts), per host its cables as the plan has them (C(per_host) of plan.json), for the preflight's
-        cable checks (C(links) of M(meshkit.cluster.launch_preflight)).
+        cable checks.
     type: dict
     default: {}
   log_dir:

@@ -1,7 +1,7 @@
-"""`meshkit check`'s configuration drift: the launch agent's host facts (MTU, speed, routes per planned
-port; RDMA sysfs next to torch.env) and drift() turning them into flags.
+"""`meshkit check`'s configuration drift: the host facts the launch agent reads (module_utils/host_facts.py:
+MTU, speed, routes per planned port; RDMA sysfs next to torch.env) and drift() turning them into flags.
 
-The network half runs the agent as `meshkit launch` ships it (its source over stdin, through nsenter)
+The network half runs the agent as `meshkit launch` ships it (its sources over stdin, through nsenter)
 in two real network namespaces cabled by veth pairs, each drifted a different way; the RDMA half reads
 the recorded sysfs trees of tests/fixtures/rdma (SOURCES.md) with torch.env written by setup.yml's own
 writers (rdma.nccl_env, hostfiles.torch_env)."""
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, launch_agent, rdma
+from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, rdma
+from ansible_collections.meshkit.cluster.plugins.module_utils.host_facts import ZERO_GID, env_file, host_facts
 
 from meshkit import launch_fast
 from meshkit.check_drift import FLAGS, cable_key, display, drift
@@ -236,20 +237,6 @@ def test_every_kind_of_network_drift_is_flagged_on_its_port_and_cable(two_hosts,
 # ---- the RDMA half: recorded sysfs trees -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", sorted(p.name for p in SYSFS.iterdir()))
-def test_the_agents_sysfs_reading_is_rdma_py_s(case):
-    """The agent reimplements the part of rdma.read_sysfs it needs: same ports, states, netdevs and the
-    same IPv4 GID on every recorded tree."""
-    mine = launch_agent.rdma_sysfs(str(SYSFS / case))
-    theirs = rdma.read_sysfs(str(SYSFS / case))
-    assert mine, case
-    assert [(p["device"], p["port"], p["state"], p["link_layer"], p["netdev"]) for p in mine] == [
-        (p.device, p.port, p.state, p.link_layer, p.netdev) for p in theirs
-    ]
-    gids = [p.ipv4_gid() for p in theirs]
-    assert [(p["gid_index"], p["gid_ipv4"]) for p in mine] == [(g.index, g.ipv4) if g else (None, None) for g in gids]
-
-
 def write_torch_env(state_dir: Path, plan: dict[str, Any], host: str, nccl: dict[str, str]) -> None:
     """torch.env as setup.yml's hostfiles module writes it."""
     (state_dir / "hostfiles").mkdir(parents=True, exist_ok=True)
@@ -259,7 +246,7 @@ def write_torch_env(state_dir: Path, plan: dict[str, Any], host: str, nccl: dict
 
 def rdma_facts(tree: Path, state_dir: Path) -> dict[str, Any]:
     """node1's facts as the agent reports them (Linux, no planned link: only the RDMA part matters)."""
-    return launch_agent.host_facts({"state_dir": str(state_dir), "rdma": True, "sysfs_root": str(tree), "links": []})
+    return host_facts({"state_dir": str(state_dir), "rdma": True, "sysfs_root": str(tree), "links": []})
 
 
 def rdma_setup(tmp_path: Path, case: str, fabric: list[str]) -> tuple[Path, dict[str, Any], dict[str, str]]:
@@ -277,7 +264,7 @@ def test_torch_env_is_read_back_as_written(tmp_path):
     assert nccl["NCCL_IB_HCA"] == "=rocep0s6:1" and nccl["NCCL_IB_GID_INDEX"] == "5"
     got = rdma_facts(tree, tmp_path / "state")["rdma"]
     assert got["env"] == {"NCCL_IB_HCA": "=rocep0s6:1", "NCCL_IB_GID_INDEX": "5"}
-    assert launch_agent.env_file("A='x y'\n# c\nB=\nC=\"q\"\n") == {"A": "x y", "B": "", "C": "q"}
+    assert env_file("A='x y'\n# c\nB=\nC=\"q\"\n") == {"A": "x y", "B": "", "C": "q"}
 
 
 def test_rdma_as_setup_left_it_has_no_drift(tmp_path):
@@ -314,7 +301,7 @@ def test_the_ipv4_gid_at_another_index_or_gone_is_rdma_drift(tmp_path):
     write_torch_env(tmp_path / "state", plan, "node1", nccl)
     port = tree / "class/infiniband/rocep0s6/ports/1"
     for index in ("4", "5"):
-        (port / "gids" / index).write_text(launch_agent.ZERO_GID + "\n")
+        (port / "gids" / index).write_text(ZERO_GID + "\n")
         (port / "gid_attrs/types" / index).unlink()
     items = drift(plan, {"node1": rdma_facts(tree, tmp_path / "state")})
     assert [i["flag"] for i in items] == ["rdma-drift"]

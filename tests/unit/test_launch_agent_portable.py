@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_agent
-from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import PortableJob, Proc, parse_ps
+from ansible_collections.meshkit.cluster.plugins.module_utils import agent_procs
+from ansible_collections.meshkit.cluster.plugins.module_utils.agent_procs import PortableJob, Proc, parse_ps
 
-from meshkit.launcher import AGENT_SOURCE, BOOTSTRAP
+from meshkit.launcher import BOOTSTRAP, agent_input
 
 HERE = Path(__file__).parent
 FAMILY = HERE / "programs_agent" / "family.py"
@@ -101,10 +101,10 @@ class Job:
         self.audit = tmp / "audit.log"
         self.audit.touch()
         self.job_dir = tmp / "job"
-        env = {k: v for k, v in os.environ.items() if k != launch_agent.PORTABLE_ENV}
+        env = {k: v for k, v in os.environ.items() if k != agent_procs.PORTABLE_ENV}
         env["MESHKIT_TEST_AUDIT"] = str(self.audit)
         if portable:
-            env[launch_agent.PORTABLE_ENV] = "1"
+            env[agent_procs.PORTABLE_ENV] = "1"
         agent = [AGENT_PYTHON, "-u", "-c", AUDIT + BOOTSTRAP]
         read_fd, self.write_fd = os.pipe()
         if wrapped:
@@ -120,8 +120,7 @@ class Job:
             for r in range(ranks)
         ]  # fmt: skip
         job = {"job": self.id, "dir": str(self.job_dir), "files": {}, "grace": 0.5, "stdin": False, "ranks": specs}
-        source = AGENT_SOURCE.read_bytes()
-        os.write(self.write_fd, f"{len(source):010d}".encode() + source + (json.dumps(job) + "\n").encode())
+        os.write(self.write_fd, agent_input((json.dumps(job) + "\n").encode()))
         self.ranks = ranks
         self.messages: list[dict[str, Any]] = []
 
@@ -295,11 +294,11 @@ def test_the_agents_own_ps_columns_on_macos_synthetic() -> None:
 
 
 def test_ps_here_gives_this_process_its_parent_group_and_start() -> None:
-    table = launch_agent.ps_table(environment=True)
+    table = agent_procs.ps_table(environment=True)
     assert table is not None
     me = table[os.getpid()]
     assert (me.ppid, me.pgid) == (os.getppid(), os.getpgrp())
-    assert len(me.start.split()) == 5 and me.start.split()[0] in launch_agent.WEEKDAYS, me
+    assert len(me.start.split()) == 5 and me.start.split()[0] in agent_procs.WEEKDAYS, me
     assert str(Path(sys.executable).name) in me.command or "pytest" in me.command
     if os.environ.get("PATH"):
         assert f"PATH={os.environ['PATH']}" in me.command.split()  # the environment after the command
@@ -340,7 +339,7 @@ def test_an_orphan_seen_before_is_still_the_jobs_and_nothing_else_is(
         (tmp_path / "go").write_text("")
         wait_for("the grandchild re-parented", lambda: ps_of(bare, "ppid") not in (None, str(mid)))
         # Without what was seen before, nothing ties it to the job any more: no mark, not below the root.
-        assert bare not in PortableJob(root.pid, "no-mark-here").members(launch_agent.ps_table() or {}, set())[0]
+        assert bare not in PortableJob(root.pid, "no-mark-here").members(agent_procs.ps_table() or {}, set())[0]
         killed = job.sweep(set())
         assert killed is not None and bare in killed, killed
         wait_for("the orphan gone", lambda: not alive(bare))
@@ -434,8 +433,8 @@ def test_a_rank_pid_taken_again_within_the_second_is_never_signalled(tmp_path: P
     agent ends, most likely within the same second (same start time to ps): the agent forgot the rank
     when it reaped it, so the newcomer survives the agent's sweep."""
     id_ = f"portable-{uuid.uuid4().hex}"
-    env = {k: v for k, v in os.environ.items() if k != launch_agent.PORTABLE_ENV}
-    env[launch_agent.PORTABLE_ENV] = "1"
+    env = {k: v for k, v in os.environ.items() if k != agent_procs.PORTABLE_ENV}
+    env[agent_procs.PORTABLE_ENV] = "1"
     pidfile = tmp_path / "rank.pid"
     rank = {"rank": 0, "argv": ["sh", "-c", f"echo $$ > {pidfile}; head -c 300000 /dev/zero | tr '\\0' x; echo"],
             "env": {"MESHKIT_TEST_ID": id_}, "cwd": None}  # fmt: skip
@@ -443,9 +442,8 @@ def test_a_rank_pid_taken_again_within_the_second_is_never_signalled(tmp_path: P
         [sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
     )
     assert proc.stdin is not None
-    source = AGENT_SOURCE.read_bytes()
     job = {"job": id_, "dir": str(tmp_path / "job"), "files": {}, "grace": 0.5, "stdin": False, "ranks": [rank]}
-    proc.stdin.write(f"{len(source):010d}".encode() + source + (json.dumps(job) + "\n").encode())
+    proc.stdin.write(agent_input((json.dumps(job) + "\n").encode()))
     proc.stdin.flush()
     taker = None
     try:

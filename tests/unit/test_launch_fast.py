@@ -416,8 +416,8 @@ def test_the_job_carries_the_host_timeout_when_one_is_given() -> None:
 # ---- launch.yml's preflight through the agent (preflight_everywhere) -----------------------------
 
 
-def test_the_preflight_everywhere_checks_program_and_cables_as_the_module_does(tmp_path: Path) -> None:
-    """The same checks and messages as the launch_preflight module: the program on every host, and
+def test_the_preflight_everywhere_checks_program_and_cables(tmp_path: Path) -> None:
+    """launch.yml's checks and messages (agent_preflight.check_host): the program on every host, and
     each cable's peer probed from the ranks' interpreter (here: loopback, refused = reachable)."""
     job = {
         "runtime": "plain",
@@ -439,13 +439,16 @@ def test_the_preflight_everywhere_checks_program_and_cables_as_the_module_does(t
 
 
 def test_the_cable_checks_run_the_module_utils_the_controller_sent(tmp_path: Path) -> None:
-    """The host has no collection: the agent imports what the check carries (macos, linux_net, and
-    itself as launch_agent), never a copy the host may have of another version."""
+    """The host has no collection: the agent imports what the check carries (macos, linux_net) and its
+    own parts (agent_preflight, launch_agent) from what the controller sent, never a copy the host may
+    have of another version (this test's host has the checkout's collection on its path)."""
     fake = (
-        "from ansible_collections.meshkit.cluster.plugins.module_utils.launch_agent import preflight\n"
+        "from ansible_collections.meshkit.cluster.plugins.module_utils import agent_preflight, launch_agent\n"
         "def launch_checks(links, run, system, interpreter=None, **kw):\n"
         "    rc, out, _err = run(['sh', '-c', 'echo ran'])\n"
-        "    return {'problems': [f'sent {len(links)} {out.strip()} {callable(preflight)}'], 'notes': [],\n"
+        "    sent = sorted({type(m.__loader__).__name__ for m in (agent_preflight, launch_agent)})\n"
+        "    found = callable(agent_preflight.preflight)\n"
+        "    return {'problems': [f'sent {len(links)} {out.strip()} {found} {sent}'], 'notes': [],\n"
         "            'peers': [], 'bridged': {}, 'context': {}, 'probed_with': None}\n"
     )
     spec = {
@@ -455,5 +458,5 @@ def test_the_cable_checks_run_the_module_utils_the_controller_sent(tmp_path: Pat
         "modules": {"macos": fake},
     }
     answers = launch_fast.run_checks({"here": {"kind": "local", "python": sys.executable}}, {"here": spec})
-    assert answers["here"]["preflight"]["problems"] == ["sent 1 ran True"], answers
+    assert answers["here"]["preflight"]["problems"] == ["sent 1 ran True ['SentSources']"], answers
     assert "facts" not in answers["here"]

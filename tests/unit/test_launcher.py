@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import launch_agent
 
 from meshkit import launch_plan, launcher
 from meshkit.launcher import (
-    AGENT_SOURCE,
     BOOTSTRAP,
     HostJob,
     JobResult,
@@ -35,6 +33,7 @@ from meshkit.launcher import (
     RankState,
     Terminal,
     agent_argv,
+    agent_input,
     host_jobs,
 )
 from meshkit.topology import Observation, build_plan
@@ -381,10 +380,9 @@ def agent_alone(
     """An agent started as the launcher starts it, given its job (``more``: further job fields);
     its stdin stays open."""
     proc = subprocess.Popen(LOCAL, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
-    source = AGENT_SOURCE.read_bytes()
     job = {"job": job_id, "dir": str(job_dir), "files": {}, "grace": 0.5, "stdin": False, "ranks": ranks, **more}
     assert proc.stdin is not None
-    proc.stdin.write(f"{len(source):010d}".encode() + source + (json.dumps(job) + "\n").encode())
+    proc.stdin.write(agent_input((json.dumps(job) + "\n").encode()))
     proc.stdin.flush()
     return proc
 
@@ -835,98 +833,6 @@ def test_an_agent_that_hears_heartbeats_keeps_its_ranks(tmp_path: Path, job_id: 
 NOBODY = 65534
 
 
-def made(path: Path) -> os.stat_result:
-    """Make a job directory as the agent does; the stat of what its descriptor holds."""
-    fd = launch_agent.job_directory(str(path))
-    try:
-        return os.fstat(fd)
-    finally:
-        os.close(fd)
-
-
-def test_the_job_directory_is_the_users_own_in_a_shared_sticky_parent(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    job = state / "jobs" / "j1"
-    first = made(job)
-    # Missing, the shared parent is made as setup.yml makes it (sticky, world-writable: root here).
-    assert (state / "jobs").stat().st_mode & 0o7777 == 0o1777
-    assert job.stat().st_mode & 0o7777 == 0o700 and job.stat().st_uid == os.geteuid()
-    assert (first.st_ino, first.st_dev) == (job.stat().st_ino, job.stat().st_dev)
-    assert made(job).st_ino == first.st_ino  # the same job id again: its own private directory, kept
-
-    squatted = state / "jobs" / "j2"
-    squatted.mkdir(mode=0o700)
-    os.chown(squatted, NOBODY, NOBODY)
-    with pytest.raises(
-        launch_agent.JobDirError, match=rf"j2 exists and is not a private directory of .*owner uid {NOBODY}"
-    ):
-        launch_agent.job_directory(str(squatted))
-    (state / "jobs" / "j3").symlink_to(tmp_path)  # a directory of this user's, through a link
-    with pytest.raises(launch_agent.JobDirError, match=r"j3 exists and is not a private directory .*\(a symbolic link"):
-        launch_agent.job_directory(str(state / "jobs" / "j3"))
-    (state / "jobs" / "j5").write_text("")
-    with pytest.raises(launch_agent.JobDirError, match=r"j5 exists and is not a private directory .*\(not a directory"):
-        launch_agent.job_directory(str(state / "jobs" / "j5"))
-    (state / "jobs" / "j4").mkdir(mode=0o755)
-    os.chmod(state / "jobs" / "j4", 0o755)
-    with pytest.raises(launch_agent.JobDirError, match=r"mode 0755\); nothing was started"):
-        launch_agent.job_directory(str(state / "jobs" / "j4"))
-
-
-@pytest.mark.parametrize(
-    ("owner", "mode", "why"),
-    [
-        (0, 0o777, "every user may write to it and it is not sticky"),
-        (NOBODY, 0o1777, f"it belongs to uid {NOBODY}, neither root nor"),
-        (NOBODY, 0o755, f"it belongs to uid {NOBODY}, neither root nor"),
-        (0, 0o775, f"group {NOBODY} may write to it and it is not sticky"),
-    ],
-)
-def test_a_jobs_directory_others_could_change_is_refused_naming_the_fix(
-    tmp_path: Path, owner: int, mode: int, why: str
-) -> None:
-    jobs = tmp_path / "state" / "jobs"
-    jobs.mkdir(parents=True)
-    os.chown(jobs, owner, NOBODY)
-    jobs.chmod(mode)
-    with pytest.raises(launch_agent.JobDirError) as refused:
-        launch_agent.job_directory(str(jobs / "j1"))
-    assert str(refused.value).startswith(f"{jobs} is not a safe place for job directories: {why}"), refused.value
-    assert str(refused.value).endswith(f"run setup.yml, or as root: chown root {jobs} && chmod 1777 {jobs}")
-    assert not (jobs / "j1").exists()  # refused before anything was made
-
-
-@pytest.mark.parametrize(("owner", "mode"), [(0, 0o1777), (0, 0o755), (0, 0o1770), ("me", 0o700), ("me", 0o770)])
-def test_a_jobs_directory_only_root_or_the_user_can_change_is_used(tmp_path: Path, owner: Any, mode: int) -> None:
-    jobs = tmp_path / "state" / "jobs"
-    jobs.mkdir(parents=True)
-    os.chown(jobs, os.geteuid() if owner == "me" else owner, os.getegid())
-    jobs.chmod(mode)
-    assert made(jobs / "j1").st_mode & 0o7777 == 0o700
-
-
-def test_everything_the_agent_writes_goes_through_the_job_directorys_descriptor(tmp_path: Path) -> None:
-    """Once the job directory is open, replacing it by a symbolic link (to a directory of the
-    attacker's choosing) redirects nothing: files, rank logs and agent.log land in the directory
-    that was made, wherever it now is."""
-    jobs = tmp_path / "jobs"
-    decoy = tmp_path / "decoy"
-    decoy.mkdir()
-    fd = launch_agent.job_directory(str(jobs / "j1"))
-    try:
-        (jobs / "j1").rename(jobs / "moved")
-        (jobs / "j1").symlink_to(decoy)
-        launch_agent.write_job_file(fd, "meshccl.json", "{}\n")
-        with launch_agent.job_file(fd, "rank-0.log", "ab") as log:
-            log.write(b"line\n")
-        with pytest.raises(ValueError, match="plain name"):
-            launch_agent.write_job_file(fd, "../escape", "x")
-    finally:
-        os.close(fd)
-    assert sorted(p.name for p in (jobs / "moved").iterdir()) == ["meshccl.json", "rank-0.log"]
-    assert list(decoy.iterdir()) == []
-
-
 def test_an_agent_keeps_writing_into_its_job_directory_after_it_was_swapped(tmp_path: Path, job_id: str) -> None:
     go = tmp_path / "go"
     rank = sh(f"echo first; while [ ! -e {go} ]; do sleep 0.02; done; echo second; exit 4")
@@ -1171,70 +1077,6 @@ def test_piped_input_for_a_rank_that_never_reads_keeps_every_process_bounded(tmp
     assert taken[0] < 8 << 20, taken[0]  # paused: the rest waited in the pipe
     assert peak[0] < 64 << 10, peak[0]  # KiB
     assert settled(job_id) == []
-
-
-# ---- the watchdog signals only what is still the job's -------------------------------------------
-
-WATCHDOG = r"""
-import os, signal, sys
-sys.path.insert(0, sys.argv[1])
-import launch_agent
-decoy, marked, how, mark = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-read_fd, write_fd = os.pipe()
-agent = os.fork()
-if agent == 0:  # the agent: its ranks' groups were these two; then it ends in order, or is killed
-    os.close(read_fd)
-    os.write(write_fd, f"+{decoy}\n+{marked}\n".encode())
-    if how == "in-order":
-        os.write(write_fd, b"=\n")
-        os._exit(0)
-    os.kill(os.getpid(), signal.SIGKILL)
-os.close(write_fd)
-launch_agent._prctl(launch_agent.PR_SET_CHILD_SUBREAPER, 1)
-sys.exit(launch_agent.watchdog(agent, read_fd, mark, None))
-"""
-
-
-@pytest.mark.parametrize("how", ["in-order", "killed"])
-def test_the_watchdog_signals_only_after_an_abnormal_end_and_only_what_carries_the_job(
-    tmp_path: Path, job_id: str, how: str
-) -> None:
-    """Two process groups the agent had announced: one whose number now belongs to another process
-    (no mark, not below the watchdog), one still the job's (its mark). An agent that ended in order
-    leaves both alone; a killed agent's watchdog kills the job's only."""
-    mark = f"m-{uuid.uuid4().hex}"
-    env = {"MESHKIT_JOB_ID": job_id}
-    decoy = subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
-    marked = subprocess.Popen(["sleep", "60"], start_new_session=True, env={**env, "MESHKIT_JOB_MARK": mark})
-    try:
-        here = str(AGENT_SOURCE.parent)
-        watch = subprocess.run(
-            [sys.executable, "-c", WATCHDOG, here, str(decoy.pid), str(marked.pid), how, mark],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
-        assert decoy.poll() is None, "a group number that is no longer the job's was signalled"
-        if how == "in-order":
-            assert watch.returncode == 0 and watch.stderr == "", watch
-            assert marked.poll() is None
-        else:
-            assert watch.returncode == 128 + signal.SIGKILL, watch
-            assert marked.wait(timeout=5) == -signal.SIGKILL
-            assert f"killed by SIGKILL; its watchdog killed 1 processes of the job: [{marked.pid}]" in watch.stderr
-    finally:
-        for proc in (decoy, marked):
-            proc.kill()
-            proc.wait()
-
-
-def test_marked_groups_from_ps_keep_only_groups_holding_the_job() -> None:
-    # `ps -E -ww -A -o pgid=,command=` on macOS: the environment follows the command.
-    ps = (
-        "  401 /usr/bin/python3 train.py TERM=xterm MESHKIT_JOB_MARK=77-abc HOME=/Users/a\n"
-        "  402 /bin/sleep 600 HOME=/Users/b\n"
-        "  403 /bin/sleep 600 MESHKIT_JOB_MARK=77-abcd\n"
-        "  404 -zsh\n"
-    )
-    assert launch_agent.marked_groups({401, 402, 403, 405}, "77-abc", ps) == {401}
 
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")

@@ -123,27 +123,6 @@ def test_plan_bridge_member_of_another_bridge_is_not_refused():
     assert "eth1" not in plan["detach"]
 
 
-# ---- candidate_ports ---------------------------------------------------------------------
-def test_candidate_ports_match_patterns_and_skip_management_lo_and_bridges():
-    links = [
-        *cluster_links(),
-        link("thunderbolt-br", kind="bridge"),
-        link("enp1s0f1"),
-        link("enp1s0f0"),
-    ]
-    names = [p["ifname"] for p in linux_net.candidate_ports(links, ["thunderbolt*", "enp1s0f*", "lo"], "enp1s0f1")]
-    assert names == ["enp1s0f0", "thunderbolt0", "thunderbolt1"]
-
-
-def test_candidate_ports_keep_bridge_members_for_reporting():
-    ports = linux_net.candidate_ports(cluster_links(), ["thunderbolt*"], "eth0")
-    assert [(p["ifname"], p.get("master")) for p in ports] == [("thunderbolt0", "bridge0"), ("thunderbolt1", "bridge0")]
-
-
-def test_candidate_ports_without_patterns_is_empty():
-    assert linux_net.candidate_ports(cluster_links(), [], None) == []
-
-
 # ---- plan_peer_links ---------------------------------------------------------------------
 def port(name, address, peer, prefix=30):
     return {"port": name, "address": address, "prefix": prefix, "peer_address": peer}

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import macos, rdma
-from ansible_collections.meshkit.cluster.plugins.modules import launch_preflight, rdma_facts
+from ansible_collections.meshkit.cluster.plugins.module_utils import agent_preflight, macos, rdma
+from ansible_collections.meshkit.cluster.plugins.modules import rdma_facts
 
 from .module_harness import patch_exits, run_module
 from .test_rdma import script, transcript
@@ -453,9 +453,11 @@ def test_rdma_facts_on_a_mac_names_bridged_ports_and_skips_what_it_cannot_read(m
     assert facts["notes"] == ["system_profiler or networksetup not found: link speeds not read"]
 
 
-def test_launch_preflight_checks_the_cables_from_the_ranks_python(module, tmp_path):
-    """The module on this machine: the ranks run `python script.py`; the peers are loopback addresses (one
-    listening, one refusing: both reachable); a sysfs tree where the first cable port is a bridge member."""
+def test_launch_preflight_checks_the_cables_from_the_ranks_python(tmp_path):
+    """The preflight as the launch agent runs it (agent_preflight: preflight(), then macos.launch_checks with
+    the agent's run_command and the ranks' interpreter, as cable_checks() does) on this machine: the ranks
+    run `python script.py`; the peers are loopback addresses (one listening, one refusing: both reachable);
+    a sysfs tree where the first cable port is a bridge member."""
     program = tmp_path / "train.py"
     program.write_text("print('hi')\n")
     root = fake_sysfs(tmp_path / "sys", {"lo": "bridge0"}, [])
@@ -467,9 +469,12 @@ def test_launch_preflight_checks_the_cables_from_the_ranks_python(module, tmp_pa
             {"port": "lo", "address": "127.0.0.1", "prefix": 8, "peer_address": "127.0.0.1", "peer_host": "b"},
             {"port": "lo2", "address": "127.0.0.3", "prefix": 8, "peer_address": "127.0.0.2", "peer_host": "c"},
         ]
-        args = {"argv": [sys.executable, str(program)], "links": links, "probe_port": port, "sysfs_root": root}
-        ok, out = module(launch_preflight, {**args, "system": "Linux"}, check=True)
-    assert ok, out
+        found = agent_preflight.preflight([sys.executable, str(program)])
+        out = macos.launch_checks(
+            links, agent_preflight.run_command, "Linux", interpreter=found["interpreter"], probe_port=port,
+            sysfs_root=root,
+        )  # fmt: skip
+    assert found["problems"] == []
     assert out["probed_with"] == os.path.realpath(sys.executable)
     assert [p["kind"] for p in out["peers"]] == ["reachable", "reachable"]
     assert out["bridged"] == {"lo": "bridge0"}
@@ -478,8 +483,8 @@ def test_launch_preflight_checks_the_cables_from_the_ranks_python(module, tmp_pa
         "the bridge. Run setup.yml again (its discovery step takes the ports out of bridge0 and keeps them "
         "out); see docs/runbooks/thunderbolt-bridge.md"
     ]
-    ok, plain = module(launch_preflight, {"argv": [sys.executable, str(program)]}, check=True)
-    assert ok and plain["peers"] == [] and plain["problems"] == [] and plain["probed_with"] is None
+    plain = agent_preflight.check_host({"preflight": {"argv": [sys.executable, str(program)]}, "facts": False})
+    assert plain["preflight"]["problems"] == [] and "peers" not in plain["preflight"]  # no cables: no cable checks
 
 
 def test_the_planner_does_not_choose_jaccl_over_a_tb4_cable():

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net
+from ansible_collections.meshkit.cluster.plugins.module_utils import linux_net, port_rules
 from ansible_collections.meshkit.cluster.plugins.module_utils import management as mg
 from ansible_collections.meshkit.cluster.plugins.modules import management as module
 
@@ -218,7 +218,7 @@ def test_the_lower_device_of_the_management_interface_is_never_a_peer_port():
     links = json.loads(text("lab_node1_fresh_ip_link.json"))
     vlan = {"ifname": "tb0.100", "link": "tb0", "flags": ["UP", "LOWER_UP"], "linkinfo": {"info_kind": "vlan"}}
     links = [*links, vlan]
-    assert "tb0" not in [c["ifname"] for c in linux_net.candidate_ports(links, ["tb*"], "tb0.100")]
+    assert "tb0" not in [c["ifname"] for c in port_rules.candidate_ports(links, ["tb*"], "tb0.100")]
     plan = linux_net.plan_bridge(links, "bridge0", ["tb*"], "tb0.100")
     assert plan["commands"] == [] and "tb0" in plan["refused"]
     # The guard's first step refuses it too, while tb0 is in bridge0 (the VLAN would go with it).
@@ -344,7 +344,7 @@ def test_no_linux_planner_command_ever_names_the_management_interface(state):
                 assert plan["commands"] == [] and plan["refused"], "an unknown management interface is a refusal"
             for argv in plan["commands"]:
                 assert mgmt not in argv, (mgmt, patterns, argv)
-            candidates = [c["ifname"] for c in linux_net.candidate_ports(links, patterns or ["*"], mgmt)]
+            candidates = [c["ifname"] for c in port_rules.candidate_ports(links, patterns or ["*"], mgmt)]
             assert mgmt not in candidates
             usable = [p for p in ports if p["port"] in candidates and p["port"] != "bridge0"]
             try:
