@@ -44,11 +44,21 @@ def host_modules() -> list[Path]:
     return [p for p in sorted((PLUGINS / "modules").glob("*.py")) if has_main(p)]
 
 
+def agent_parts() -> tuple[str, ...]:
+    """The module_utils the launcher ships to every host of a job as the launch agent (agent_sources.AGENT_PARTS):
+    a program that runs on the hosts without a module."""
+    for node in ast.walk(tree(PLUGINS / "module_utils" / "agent_sources.py")):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "AGENT_PARTS" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return ()
+
+
 def used_on_hosts() -> dict[str, str]:
-    """Every module_utils file the host modules import, directly or through module_utils, with
-    the host module that first reaches it."""
+    """Every module_utils file the host modules (and the launch agent, which the launcher ships to the hosts)
+    import, directly or through module_utils, with the host module that first reaches it."""
     reached: dict[str, str] = {}
     todo = [(name, module.stem) for module in host_modules() for name in module_utils_imports(module)]
+    todo += [(name, "the launch agent") for name in ("agent_sources", *agent_parts())]
     while todo:
         name, by = todo.pop()
         if name in reached:
@@ -56,6 +66,10 @@ def used_on_hosts() -> dict[str, str]:
         reached[name] = by
         todo += [(more, by) for more in module_utils_imports(PLUGINS / "module_utils" / f"{name}.py")]
     return reached
+
+
+def test_the_launch_agents_parts_are_found():
+    assert {"launch_agent", "port_rules", "agent_procs"} <= set(agent_parts())
 
 
 def test_the_host_modules_are_found():
