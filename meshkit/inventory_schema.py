@@ -185,6 +185,28 @@ def _coerce(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# What meshkit's own modules and playbooks set on a host during a run (facts, registered results, play variables): a
+# later play of the same run (launch.yml or check.yml after setup.yml, setup.yml imported twice) sees them among the
+# host's meshkit_* variables, and they are no settings of the user's.
+SET_BY_MESHKIT = frozenset(
+    {
+        "meshkit_discovery",
+        "meshkit_rdma",
+        "meshkit_cable_check",
+        "meshkit_inventory",
+        "meshkit_cfg",
+        "meshkit_artifacts",
+        "meshkit_ssh_names",
+        "meshkit_host",
+        "meshkit_planned",
+        "meshkit_job",
+        "meshkit_launch",
+        "meshkit_check",
+        "meshkit_check_facts",
+    }
+)
+
+
 def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Validate every host's meshkit_* variables.
 
@@ -196,7 +218,9 @@ def validate_hosts(host_vars: dict[str, dict[str, Any]]) -> tuple[dict[str, dict
     normalised: dict[str, dict[str, Any]] = {}
     validator = _Validator(SCHEMA)
     for host in sorted(host_vars):
-        given = _coerce({k: v for k, v in host_vars[host].items() if k.startswith("meshkit_")})
+        given = _coerce(
+            {k: v for k, v in host_vars[host].items() if k.startswith("meshkit_") and k not in SET_BY_MESHKIT}
+        )
         for key in given:
             if key not in SCHEMA:
                 # Compare what follows "meshkit_", or every name looks close to every other.

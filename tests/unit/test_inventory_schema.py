@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from meshkit import inventory_schema
 from meshkit.inventory_schema import DEFAULTS, validate_hosts
 
 
@@ -236,3 +237,16 @@ def test_the_slurmctld_host_must_be_a_host_of_the_inventory():
     # Without meshkit_slurm the setting is not used, so not refused.
     normalised, _ = validate_hosts({"node1": {"meshkit_slurm_controller": "login1"}})
     assert slurm_controller_problems(normalised, {"node1"}) == []
+
+
+def test_what_meshkit_itself_set_in_an_earlier_play_is_no_user_setting():
+    """launch.yml after setup.yml in one playbook: the hosts carry the facts setup.yml's modules set (and launch.yml's
+    own registered results, when it runs twice); none of them is reported as an unknown variable."""
+    earlier = {name: {"x": 1} for name in inventory_schema.SET_BY_MESHKIT}
+    normalised, problems = inventory_schema.validate_hosts({"node1": {**earlier, "meshkit_backend": "ring"}})
+    assert problems == []
+    assert normalised["node1"]["meshkit_backend"] == "ring"
+    assert not set(normalised["node1"]) & inventory_schema.SET_BY_MESHKIT
+    # A user's misspelling still is one.
+    _, problems = inventory_schema.validate_hosts({"node1": {**earlier, "meshkit_backnd": "ring"}})
+    assert problems == ["node1: meshkit_backnd is not a meshkit variable; did you mean meshkit_backend?"]
