@@ -208,14 +208,22 @@ def parse_service_order(text: str) -> dict[str, str]:
 
 def read_bridge_state(run: Run, bridge: str, service: str, preferences: str | None = None) -> dict[str, Any]:
     """bridge0 now (`ifconfig`), its service (enabled or not), and the member list macOS saved for it."""
+    state = _bridge_now(run, bridge, service, read_preferences(preferences))
+    return {key: state[key] for key in ("exists", "members", "service_enabled", "saved_members")}
+
+
+def _bridge_now(run: Run, bridge: str, service: str, preferences: dict[str, Any] | None) -> dict[str, Any]:
+    """read_bridge_state's answer plus ``up`` (the UP flag of ``bridge``), which undo puts back too."""
     rc, out, _err = run(["ifconfig", bridge])
-    members = parse_bridge_members(ifconfig_block(out, bridge)) if rc == 0 else []
+    block = ifconfig_block(out, bridge) if rc == 0 else ""
+    flags = re.search(r"flags=[0-9a-f]+<([^>]*)>", block)
     services = parse_services(_out(run, ALL_SERVICES))
     return {
         "exists": rc == 0,
-        "members": members,
+        "up": "UP" in (flags.group(1).split(",") if flags else []),
+        "members": parse_bridge_members(block),
         "service_enabled": services.get(service),
-        "saved_members": saved_bridge(read_preferences(preferences), bridge),
+        "saved_members": saved_bridge(preferences, bridge),
     }
 
 
@@ -390,6 +398,409 @@ def plan_peer_links(run: Run, ports: list[dict[str, Any]], mtu: int | None, mgmt
                     f"{dev}: the host route to {peer} is runtime only and {peer} is outside {subnet}: "
                     "after a reboot nothing routes it out of this port; run setup.yml again after a reboot"
                 )
+    return result
+
+
+# ---- undo: what a Mac held before setup, and how to put it back ------------------------------------
+# setup.yml records read_undo_record() before its first change; undo plans from that record and from what
+# the Mac holds now, so a second undo finds nothing to do. The record is plain JSON (it is kept in the
+# host's meshkit state directory).
+UNDO_RECORD_VERSION = 1
+THUNDERBOLT_PORT = re.compile(r"^Thunderbolt \d+$")
+# networksetup -getinfo's mode line -> the networksetup option that sets it again.
+CONFIGURATIONS = {
+    "DHCP Configuration": "-setdhcp",
+    "Manual Configuration": "-setmanual",
+    "BOOTP Configuration": "-setbootp",
+}
+
+
+def _ours(service: str) -> bool:
+    """A network service meshkit created (plan_peer_links names them "meshkit enX")."""
+    return service.startswith(f"{SERVICE_PREFIX} ")
+
+
+def _value(text: str | None) -> str | None:
+    """A -getinfo value, with what networksetup prints for "nothing" ("(null)", "none", empty) as None."""
+    value = (text or "").strip()
+    return None if value in ("", "(null)", "none") else value
+
+
+def service_config(info: dict[str, str]) -> dict[str, Any]:
+    """The IPv4 part of `networksetup -getinfo SERVICE` (parse_getinfo) that undo can set back."""
+    return {
+        "configuration": info.get("Configuration"),
+        "ip": _value(info.get("IP address")),
+        "mask": _value(info.get("Subnet mask")),
+        "router": _value(info.get("Router")),
+        "client_id": _value(info.get("Client ID")),
+    }
+
+
+def _read_mtu(run: Run, device: str) -> dict[str, int | None]:
+    rc, out, _err = run(["networksetup", "-getMTU", device])
+    active, saved = parse_getmtu(out) if rc == 0 else (None, None)
+    return {"active": active, "saved": saved}
+
+
+def _pool(pool: str) -> ipaddress.IPv4Network:
+    try:
+        return ipaddress.IPv4Network(pool)
+    except (ValueError, TypeError) as exc:
+        raise MacError(f"pool: {pool!r} is no IPv4 network ({exc})") from None
+
+
+def parse_netstat_host_routes(text: str) -> list[dict[str, Any]]:
+    """Static IPv4 host routes in `netstat -rn -f inet`: [{"destination", "gateway", "flags", "interface"}].
+
+    A route added with `route add -host` carries the H (host) and S (static) flags. Entries the kernel
+    clones by itself (W: ARP entries, flags like UHLWIi) and the /32 entries macOS installs for a port's
+    own address (UCS, no H) are not routes anyone added, so they are left out. Newer macOS prints no Refs
+    and Use columns: the header says where Netif is."""
+    routes: list[dict[str, Any]] = []
+    section = None
+    netif = None
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if line.endswith(":") and not line.startswith(" "):
+            section = line[:-1]
+            continue
+        cols = line.split()
+        if section != "Internet" or not cols:
+            continue
+        if cols[0] == "Destination":
+            netif = cols.index("Netif") if "Netif" in cols else None
+            continue
+        if netif is None or len(cols) <= netif:
+            continue
+        flags = cols[2]
+        destination = cols[0][: -len("/32")] if cols[0].endswith("/32") else cols[0]
+        if "H" not in flags or "S" not in flags or "W" in flags or not _is_ipv4(destination):
+            continue
+        routes.append({"destination": destination, "gateway": cols[1], "flags": flags, "interface": cols[netif]})
+    return routes
+
+
+def pool_host_routes(run: Run, pool: ipaddress.IPv4Network) -> list[dict[str, Any]]:
+    """The static host routes to addresses inside the peer pool (meshkit's `route add -host PEER`)."""
+    routes = parse_netstat_host_routes(_out(run, ["netstat", "-rn", "-f", "inet"]))
+    return [r for r in routes if ipaddress.IPv4Address(r["destination"]) in pool]
+
+
+def read_undo_record(run: Run, bridge: str, service: str, preferences: str | None = None) -> dict[str, Any]:
+    """What this Mac holds before setup changes anything, as JSON for the host's state directory.
+
+    ``bridge``: read_bridge_state's answer plus ``up``. ``ports``: every "Thunderbolt N" hardware port and
+    every member of the bridge (setup only ever touches those), each with its hardware port name, its
+    network service if it has one (name, enabled, -getinfo's configuration, ip, mask, router, client_id)
+    and its MTU (-getMTU: active and saved). ``meshkit_found``: services meshkit names "meshkit ..."
+    already there: a record taken after meshkit configured the host cannot say what was there before, so
+    undo treats such a record as missing. Reads only."""
+    bridge_state = _bridge_now(run, bridge, service, read_preferences(preferences))
+    hardware = parse_hardware_ports(_out(run, HARDWARE_PORTS))
+    port_names = {dev: name for name, dev in hardware.items()}
+    devices = [dev for name, dev in hardware.items() if THUNDERBOLT_PORT.match(name)]
+    devices += [m for m in bridge_state["members"] if m not in devices]
+    order = parse_service_order_full(_out(run, SERVICE_ORDER))
+    ports: dict[str, Any] = {}
+    for dev in devices:
+        entry = order.get(dev)
+        recorded = None
+        if entry:
+            info = parse_getinfo(_out(run, ["networksetup", "-getinfo", entry["service"]]))
+            recorded = {"name": entry["service"], "enabled": entry["enabled"], **service_config(info)}
+        ports[dev] = {"hardware_port": port_names.get(dev), "service": recorded, "mtu": _read_mtu(run, dev)}
+    services = parse_services(_out(run, ALL_SERVICES))
+    return {
+        "version": UNDO_RECORD_VERSION,
+        "bridge": {"name": bridge, "service": service, **bridge_state},
+        "ports": ports,
+        "meshkit_found": [name for name in services if _ours(name)],
+    }
+
+
+def _usable_record(record: dict[str, Any] | None, notes: list[str]) -> dict[str, Any] | None:
+    """The record, or None when there is none or it was taken after meshkit had already configured the host.
+    A record of the wrong shape is an error naming the field."""
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        raise MacError(f"the undo record is no mapping: {type(record).__name__}")
+    for key, kind in (("bridge", dict), ("ports", dict), ("meshkit_found", list)):
+        if not isinstance(record.get(key), kind):
+            raise MacError(f"the undo record's '{key}' is missing or no {kind.__name__}")
+    if record["meshkit_found"]:
+        notes.append(
+            f"the undo record was taken after meshkit had configured this host (it found "
+            f"{', '.join(repr(s) for s in record['meshkit_found'])}), so it cannot say what was there before: "
+            "treated as missing"
+        )
+        return None
+    return record
+
+
+def _same_config(recorded: dict[str, Any], now: dict[str, Any]) -> bool:
+    if recorded.get("configuration") != now.get("configuration"):
+        return False
+    if recorded.get("configuration") == "DHCP Configuration":
+        return recorded.get("client_id") == now.get("client_id")  # the leased address is the server's
+    if recorded.get("configuration") == "BOOTP Configuration":
+        return True
+    return all(recorded.get(k) == now.get(k) for k in ("ip", "mask", "router"))
+
+
+def _config_command(name: str, recorded: dict[str, Any]) -> list[str] | None:
+    """The networksetup command that gives service ``name`` its recorded IPv4 configuration, or None."""
+    option = CONFIGURATIONS.get(recorded.get("configuration") or "")
+    if option == "-setdhcp":
+        return ["networksetup", option, name, *([recorded["client_id"]] if recorded.get("client_id") else [])]
+    if option == "-setbootp":
+        return ["networksetup", option, name]
+    if option == "-setmanual" and recorded.get("ip") and recorded.get("mask"):
+        # An empty router keeps a service that had none from ever carrying a default route (as setup does).
+        return ["networksetup", option, name, recorded["ip"], recorded["mask"], recorded.get("router") or ""]
+    return None
+
+
+class _LinksNow:
+    """What the Mac holds now, read once per plan: services (order and enabled), -getinfo and -getMTU on demand."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.order = parse_service_order_full(_out(run, SERVICE_ORDER))
+        self.services = parse_services(_out(run, ALL_SERVICES))
+        self.device_of = {entry["service"]: dev for dev, entry in self.order.items()}
+        self._info: dict[str, dict[str, Any]] = {}
+        self._mtu: dict[str, dict[str, int | None]] = {}
+
+    def info(self, service: str) -> dict[str, Any]:
+        if service not in self._info:
+            self._info[service] = service_config(parse_getinfo(_out(self.run, ["networksetup", "-getinfo", service])))
+        return self._info[service]
+
+    def mtu(self, device: str) -> dict[str, int | None]:
+        if device not in self._mtu:
+            self._mtu[device] = _read_mtu(self.run, device)
+        return self._mtu[device]
+
+    def ours(self) -> list[str]:
+        return [name for name in self.services if _ours(name)]
+
+    def pool_addresses(self, pool: ipaddress.IPv4Network) -> list[tuple[str, str, str]]:
+        """(service, device, address) for every address inside ``pool`` on a service meshkit could have set:
+        its own services and those on Thunderbolt ports (the only ports setup addresses on a Mac)."""
+        found = []
+        for dev, entry in self.order.items():
+            if not (_ours(entry["service"]) or THUNDERBOLT_PORT.match(entry["port"])):
+                continue
+            address = self.info(entry["service"]).get("ip")
+            if _is_ipv4(address) and ipaddress.IPv4Address(address) in pool:
+                found.append((entry["service"], dev, str(address)))
+        return found
+
+
+def meshkit_present(run: Run, pool: str) -> list[str]:
+    """meshkit's configuration on this Mac now, one line each: its "meshkit enX" services, addresses inside
+    the peer ``pool`` on services (its own or a Thunderbolt port's), static host routes into the pool.
+    Empty when nothing of meshkit's is left. Reads only."""
+    net = _pool(pool)
+    now = _LinksNow(run)
+    found = [f"network service '{name}' ({now.device_of.get(name) or 'no port'})" for name in now.ours()]
+    found += [
+        f"{address} (inside {net}) on network service '{svc}' ({dev})" for svc, dev, address in now.pool_addresses(net)
+    ]
+    found += [f"host route to {r['destination']} out of {r['interface']}" for r in pool_host_routes(run, net)]
+    return found
+
+
+def plan_links_undo(run: Run, record: dict[str, Any] | None, pool: str, mgmt: str | None) -> dict[str, Any]:
+    """Commands that take back what plan_peer_links did, planned from what the Mac holds now.
+
+    Returns {"commands", "notes", "refused"}. In order: the static host routes into ``pool`` are deleted
+    (`route -n delete -host PEER`; runtime only, as setup added them); then per port, its MTU goes back to
+    the recorded one (before its service goes: `networksetup -setMTU` acts through the port's service),
+    the services meshkit created ("meshkit enX") are removed, and services that were there before get their
+    recorded IPv4 configuration and enabled state back. With ``record`` None (or one taken after meshkit had
+    configured the host) only meshkit's own services and host routes go; services that were there before
+    are left as they are and ``notes`` names the ones still holding a pool address. Nothing already as
+    recorded is planned, so a second undo plans nothing. Fails closed on an unknown management interface
+    and refuses a plan with any command on it (its port, its service, or a route out of it)."""
+    result: dict[str, Any] = {"commands": [], "notes": [], "refused": None}
+    if not mgmt:
+        result["refused"] = _unknown_management("undoing the cable ports' configuration")
+        return result
+    net = _pool(pool)
+    notes: list[str] = result["notes"]
+    record = _usable_record(record, notes)
+    now = _LinksNow(run)
+    planned: list[tuple[str | None, list[str]]] = []  # (the device a command acts on, argv)
+    for route in pool_host_routes(run, net):
+        planned.append((route["interface"], ["route", "-n", "delete", "-host", route["destination"]]))
+    recorded_ports: dict[str, Any] = record["ports"] if record else {}
+    devices = list(recorded_ports) + [
+        d for d in (now.device_of.get(s) for s in now.ours()) if d and d not in recorded_ports
+    ]
+    for dev in devices:
+        entry = now.order.get(dev)
+        recorded = recorded_ports.get(dev)
+        ours = entry is not None and _ours(entry["service"])
+        if recorded:
+            mtu = recorded.get("mtu") or {}
+            target = mtu.get("saved") or mtu.get("active")
+            current = now.mtu(dev) if target else {}
+            if target and current["active"] is None:
+                notes.append(
+                    f"{dev}: its MTU could not be read (networksetup -getMTU), so it was not set back to {target}"
+                )
+            elif target and (current["active"] != target or current["saved"] not in (None, target)):
+                planned.append((dev, ["networksetup", "-setMTU", dev, str(target)]))
+        elif ours:
+            notes.append(
+                f"{dev}: its MTU ({now.mtu(dev)['active']} now) was not set back: no record says what it was before "
+                "setup"
+            )
+        if ours:
+            planned.append((dev, ["networksetup", "-removenetworkservice", entry["service"]]))
+        recorded_service = (recorded or {}).get("service")
+        if recorded_service and not _ours(recorded_service["name"]):
+            name = recorded_service["name"]
+            if name not in now.services:
+                notes.append(f"{dev}: the network service '{name}' it had before setup is gone; not recreated")
+                continue
+            if now.device_of.get(name) != dev:
+                notes.append(f"{dev}: the network service '{name}' is no longer on {dev}; left as it is")
+                continue
+            if not _same_config(recorded_service, now.info(name)):
+                command = _config_command(name, recorded_service)
+                if command:
+                    planned.append((dev, command))
+                else:
+                    notes.append(
+                        f"{dev}: '{name}' had '{recorded_service.get('configuration')}' before setup, which meshkit "
+                        "cannot set back with networksetup; set it in System Settings > Network"
+                    )
+            if recorded_service.get("enabled") is not None and now.services[name] != recorded_service["enabled"]:
+                state = "on" if recorded_service["enabled"] else "off"
+                planned.append((dev, ["networksetup", "-setnetworkserviceenabled", name, state]))
+    for name in now.ours():
+        if name not in now.device_of:  # its port is gone: nothing to set back, the service still goes
+            planned.append((None, ["networksetup", "-removenetworkservice", name]))
+    if record is None:
+        for svc, dev, address in now.pool_addresses(net):
+            if not _ours(svc):
+                notes.append(
+                    f"{dev}: the network service '{svc}' keeps {address} (inside {net}): it was there before "
+                    "setup and no record says how it was configured, so it was not restored; set it in System "
+                    "Settings > Network, or undo with the record setup.yml took"
+                )
+    for dev, argv in planned:
+        if dev == mgmt or (now.order.get(mgmt) or {}).get("service") in argv[2:3]:
+            result["refused"] = (
+                f"undoing the cable configuration would run `{' '.join(argv)}`, which acts on the management "
+                f"interface {mgmt}; the management connection runs over it. Put {mgmt}'s configuration back by "
+                "hand, or run undo over another interface. Nothing was changed"
+            )
+            return result
+    result["commands"] = [argv for _dev, argv in planned]
+    return result
+
+
+def _bridge_definition(preferences: dict[str, Any] | None, bridge: str) -> dict[str, Any] | None:
+    definition = ((preferences or {}).get("VirtualNetworkInterfaces") or {}).get("Bridge", {}).get(bridge)
+    return definition if isinstance(definition, dict) else None
+
+
+def plan_bridge_undo(
+    run: Run,
+    record: dict[str, Any] | None,
+    bridge: str,
+    service: str,
+    mgmt: str | None,
+    preferences: str | None = None,
+) -> dict[str, Any]:
+    """Commands that put ``bridge`` back as the record found it: the recorded members, up if it was, its
+    saved member list and its service.
+
+    Returns {"commands", "notes", "refused"}. In order: `ifconfig BRIDGE create` if it is gone,
+    `ifconfig BRIDGE addm PORT` for each recorded member missing now (recorded order), `ifconfig BRIDGE up`
+    if it was up, the saved member list in the network preferences rewritten with PlistBuddy (the list
+    macOS builds the bridge from at boot; networksetup has no bridge commands), then the service enabled
+    again. The ports go back and the list is written before the service is enabled, so when networksetup
+    commits the preferences they already name the members the bridge holds. Run it after plan_links_undo:
+    a port with its own network service is claimed by it. Members the record does not name are left in and
+    named in ``notes``. Refuses without a record (it does not guess what the bridge held) and whenever the
+    management interface is the bridge or one of its members, recorded or now; fails closed on an unknown
+    one. Nothing already as recorded is planned, so a second undo plans nothing."""
+    result: dict[str, Any] = {"commands": [], "notes": [], "refused": None}
+    if not mgmt:
+        result["refused"] = _unknown_management(f"putting ports back into {bridge}")
+        return result
+    record = _usable_record(record, result["notes"])
+    if record is None:
+        hardware = parse_hardware_ports(_out(run, HARDWARE_PORTS))
+        ports = [dev for name, dev in hardware.items() if THUNDERBOLT_PORT.match(name) and dev != mgmt]
+        result["refused"] = (
+            f"no record of what {bridge} held before setup; nothing restored. With the record setup.yml takes before "
+            f"its first change, undo puts the recorded members back into {bridge} (ifconfig {bridge} addm), restores "
+            f"its saved member list in {preferences or PREFERENCES} and enables the '{service}' service again. As "
+            f"macOS ships it, {bridge} holds every Thunderbolt port ({', '.join(ports) or 'none found'}) and the "
+            f"service is enabled: System Settings > Network > {service} puts that back by hand. Nothing was changed"
+        )
+        return result
+    recorded = record["bridge"]
+    if recorded.get("name", bridge) != bridge:
+        raise MacError(f"the undo record's 'bridge' is {recorded.get('name')}, not {bridge}")
+    prefs = read_preferences(preferences)
+    now = _bridge_now(run, bridge, service, prefs)
+    members = list(recorded.get("members") or [])
+    saved = recorded.get("saved_members")
+    involved = {bridge, *members, *(saved or []), *now["members"], *(now["saved_members"] or [])}
+    if mgmt in involved:
+        result["refused"] = (
+            f"the management interface {mgmt} is {bridge} or one of its members (recorded before setup, now, or in "
+            f"its saved member list): putting {bridge} back would carry the management connection over the "
+            f"bridge or cut it. Restore {bridge} by hand from a console. Nothing was changed"
+        )
+        return result
+    commands: list[list[str]] = result["commands"]
+    notes: list[str] = result["notes"]
+    if recorded.get("exists") and not now["exists"]:
+        commands.append(["ifconfig", bridge, "create"])
+    commands += [["ifconfig", bridge, "addm", m] for m in members if m not in now["members"]]
+    extra = [m for m in now["members"] if m not in members]
+    if extra:
+        notes.append(f"{bridge} also holds {', '.join(extra)}, which it did not before setup; left in")
+    if recorded.get("exists") and recorded.get("up") and not (now["exists"] and now["up"]):
+        commands.append(["ifconfig", bridge, "up"])
+    if saved is None:
+        notes.append(f"{bridge}'s saved member list could not be read when the record was taken; it was not restored")
+    elif now["saved_members"] is None:
+        notes.append(
+            f"{preferences or PREFERENCES} cannot be read now, so {bridge}'s saved member list was not restored"
+        )
+    elif now["saved_members"] != saved:
+        definition = _bridge_definition(prefs, bridge)
+        if definition is None:
+            notes.append(
+                f"{bridge}'s definition is gone from {preferences or PREFERENCES} (setup only empties its member "
+                f"list), so its saved members ({', '.join(saved)}) were not written back: recreate the bridge in "
+                "System Settings > Network"
+            )
+        else:
+            key = f":VirtualNetworkInterfaces:Bridge:{bridge}:Interfaces"
+            argv = [PLISTBUDDY]
+            if "Interfaces" in definition:
+                argv += ["-c", f"Delete {key}"]
+            argv += ["-c", f"Add {key} array"]
+            for index, member in enumerate(saved):
+                argv += ["-c", f"Add {key}:{index} string {member}"]
+            commands.append([*argv, preferences or PREFERENCES])
+    if recorded.get("service_enabled") and now["service_enabled"] is False:
+        commands.append(["networksetup", "-setnetworkserviceenabled", service, "on"])
+    elif recorded.get("service_enabled") and now["service_enabled"] is None:
+        notes.append(f"the '{service}' service it had before setup is gone; not recreated")
+    elif recorded.get("service_enabled") is False and now["service_enabled"]:
+        notes.append(f"the '{service}' service was disabled before setup and is enabled now; left as it is")
     return result
 
 
