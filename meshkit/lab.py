@@ -133,7 +133,9 @@ def _run_task(p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
             factory = [name for name in p["factory_network"] if name]
             for option, names in (("lab_reboot", reboot), ("lab_factory_network", factory)):
                 if names and (reasons or in_place):
-                    why = reasons or ([f"its hosts and cables would change: {in_place[1].summary()}"] if in_place else [])
+                    why = reasons or (
+                        [f"its hosts and cables would change: {in_place[1].summary()}"] if in_place else []
+                    )
                     raise Failed(
                         f"{option}: lab {doc['lab_name']} is not up as asked ({'; '.join(why)}); "
                         f"run playbooks/lab.yml without {option} first",

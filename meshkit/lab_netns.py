@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import ipaddress
 import json
 import os
@@ -506,6 +507,17 @@ class Lab:
             ]
             run(["tc", "-n", h.netns, "-batch", "-"], stdin="\n".join(tc) + "\n")
 
+    def _bridge_add(self, h: Host) -> str:
+        """The ``ip`` command making a host's factory bridge0: STP on with the timers above, and a MAC
+        of its own (locally administered, from the lab's and host's names), as a Mac's Thunderbolt
+        Bridge and networkd's bridge (from the machine id) have: a bridge without one takes its
+        ports' lowest MAC, so plugging or unplugging a cable would change it and its STP bridge id."""
+        digest = hashlib.sha256(f"{self.plan.name}/{h.name}/{HOST_BRIDGE}".encode()).digest()
+        mac = ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
+        return f"link add {HOST_BRIDGE} address {mac} type bridge stp_state 1 " + " ".join(
+            f"{k} {v * 100}" for k, v in STP_TIMERS.items()
+        )
+
     def _factory_network(self, h: Host) -> None:
         """The network a host has after boot before any of its own configuration, as the factory
         ships it: every cable port in bridge0 with STP on (a Mac's Thunderbolt Bridge across a
@@ -517,10 +529,7 @@ class Lab:
         prefix = ipaddress.IPv4Network(self.plan.mgmt_subnet).prefixlen
         cmds = ["link set lo up"]
         if HOST_BRIDGE in host_links(h):
-            cmds.append(
-                f"link add {HOST_BRIDGE} type bridge stp_state 1 "
-                + " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items())
-            )
+            cmds.append(self._bridge_add(h))
             for port in h.ports:
                 cmds += [f"link set {port} master {HOST_BRIDGE}", f"link set {port} up"]
             cmds.append(f"link set {HOST_BRIDGE} up")
@@ -946,7 +955,7 @@ class Lab:
         bridge = links.get(HOST_BRIDGE)
         stp = " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items())
         if bridge is None:
-            cmds.append(f"link add {HOST_BRIDGE} type bridge stp_state 1 {stp}")
+            cmds.append(self._bridge_add(h))
         elif bridge.get("linkinfo", {}).get("info_data", {}).get("stp_state") != 1:
             cmds.append(f"link set dev {HOST_BRIDGE} type bridge stp_state 1 {stp}")
         for port in h.ports:

@@ -270,7 +270,8 @@ def test_the_factory_network_puts_detached_ports_back_in_bridge0(tmp_path, monke
     # bridge0 gone altogether: made again as at build, STP on.
     monkeypatch.setattr(lab_netns, "ip_json", fake_host(factory[1:]))
     fixes = lab._factory_fixes(node1)
-    assert fixes[0] == "link add bridge0 type bridge stp_state 1 hello_time 100 max_age 600 forward_delay 400"
+    assert fixes[0] == lab._bridge_add(node1)
+    assert fixes[0].endswith(" type bridge stp_state 1 hello_time 100 max_age 600 forward_delay 400")
     assert fixes[-1] == "link set bridge0 up"
 
 
@@ -320,7 +321,7 @@ def test_growing_a_ring_touches_only_the_cable_it_replaces_and_the_new_host(tmp_
         "ip -n hd-node5 -batch : link set tb0 mtu 1500",
         "ip -n hd-node5 -batch : link set tb1 mtu 1500",
         "ip -n hd-node5 -batch : link set lo up",
-        "ip -n hd-node5 -batch : link add bridge0 type bridge stp_state 1 hello_time 100 max_age 600 forward_delay 400",
+        f"ip -n hd-node5 -batch : {lab._bridge_add(lab.plan.hosts[4])}",
         "ip -n hd-node5 -batch : link set tb0 master bridge0",
         "ip -n hd-node5 -batch : link set tb0 up",
         "ip -n hd-node5 -batch : link set tb1 master bridge0",
@@ -341,3 +342,12 @@ def test_growing_a_ring_touches_only_the_cable_it_replaces_and_the_new_host(tmp_
     assert state["plan"] == lab.plan.as_dict()
     assert state["holders"] == {"node5": 4242}
     assert state["known_hosts"] == ["198.19.91.6 ssh-ed25519 KEY"]
+
+
+def test_every_bridge0_has_a_mac_of_its_own_that_no_cable_changes(tmp_path):
+    # Without one a Linux bridge takes its ports' lowest MAC: recabling would change it (and its STP id).
+    lab = make_lab(tmp_path)
+    macs = [lab._bridge_add(h).split()[4] for h in lab.plan.hosts]
+    assert len(set(macs)) == 4
+    assert all(int(mac[:2], 16) & 0b11 == 0b10 for mac in macs)  # locally administered, unicast
+    assert macs == [make_lab(tmp_path, lab_size=5)._bridge_add(h).split()[4] for h in lab.plan.hosts]
