@@ -435,6 +435,11 @@ def holders(lab) -> dict[str, int]:
     return json.loads((lab.dir / "state.json").read_text())["holders"]
 
 
+def said(run) -> str:
+    """A play's output on one line (the callback folds long messages)."""
+    return " ".join(run.output.split())
+
+
 def frames_cross(ends: list[tuple[str, str]], timeout: float = 30.0) -> dict[str, int]:
     """Wait until every (netns, port) has received frames (STP hellos, IPv6 neighbour discovery from
     its far end: link-layer traffic across the cable); the received counts, 0 where none came in time."""
@@ -468,12 +473,12 @@ def test_a_running_lab_grows_is_recabled_and_shrinks_in_place(make_lab):
     grown = "added node4; cables added node3:tb1-node4:tb0, node4:tb1-node1:tb1; removed node3:tb1-node1:tb1"
     check = lab.up("--check", "--diff", lab_size=4)
     assert check.rc == 0 and check.changed > 0, check.output
-    assert f"changed in place: {grown}" in check.output, check.output
+    assert f"changed in place: {grown}" in said(check), check.output
     assert lab_netns(lab) == sorted(ns.values())
 
     grow = lab.up(lab_size=4)
     assert grow.rc == 0, grow.output
-    assert f"lab {lab.name} changed in place: {grown}" in grow.output, grow.output
+    assert f"lab {lab.name} changed in place: {grown}" in said(grow), grow.output
     check_lab_matches_record(lab)
     assert ping_hosts(lab) == {f"node{i}": "SUCCESS" for i in range(1, 5)}
     # node2 untouched: every link, address and process as before; node1 and node3 too but the port
@@ -499,7 +504,7 @@ def test_a_running_lab_grows_is_recabled_and_shrinks_in_place(make_lab):
     links = {h: host_links_now(n) for h, n in ns.items()}
     moved = lab.up(lab_size=4, lab_cables=[[1, 2], [2, 3], [3, 4], [4, 2]])
     assert moved.rc == 0, moved.output
-    assert "moved node4:tb1-node1:tb1 -> node4:tb1-node2:tb2" in moved.output, moved.output
+    assert "moved node4:tb1-node1:tb1 -> node4:tb1-node2:tb2" in said(moved), moved.output
     check_lab_matches_record(lab)
     assert host_links_now(ns["node3"]) == links["node3"]
     assert "tb1" not in host_links_now(ns["node1"])
@@ -508,7 +513,7 @@ def test_a_running_lab_grows_is_recabled_and_shrinks_in_place(make_lab):
     # Back to the 3-host ring: node4 goes with its cables, and nothing of it is left.
     shrink = lab.up(lab_size=3, lab_cables=[])
     assert shrink.rc == 0, shrink.output
-    assert "removed node4" in shrink.output and "cables added node3:tb1-node1:tb1" in shrink.output, shrink.output
+    assert "removed node4; cables added node3:tb1-node1:tb1;" in said(shrink), shrink.output
     check_lab_matches_record(lab)
     assert lab_netns(lab) == sorted(n for h, n in ns.items() if h != "node4")
     assert not [link for link in ip_json("link", "show") if link["ifname"] == f"{lab.name}-m4"]
@@ -523,7 +528,7 @@ def test_a_running_lab_grows_is_recabled_and_shrinks_in_place(make_lab):
     sh("ip", "-n", ns["node2"], "addr", "add", "10.250.0.1/30", "dev", "tb0")
     back = lab.up(lab_factory_network="node2")
     assert back.rc == 0 and back.changed > 0, back.output
-    assert "node2: cable ports back in bridge0" in back.output, back.output
+    assert "node2: cable ports back in bridge0" in said(back), back.output
     tb0 = ip_json("-n", ns["node2"], "addr", "show", "tb0")[0]
     assert tb0.get("master") == "bridge0" and "10.250.0.1" not in str(tb0["addr_info"])
     assert settled_state(lab) == {}
