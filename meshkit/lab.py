@@ -1,6 +1,6 @@
 # Copyright: meshkit contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""meshkit.cluster.lab's work: build, keep, reboot or remove the local emulated cluster
+"""meshkit.cluster.lab's work: build, keep, change, reboot or remove the local emulated cluster
 (lab_spec.py checks and plans it, lab_netns.py makes it).
 
 Run by the action plugin of the same name in ansible-playbook's own Python (no Python of its own
@@ -35,6 +35,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "head": {"type": "bool", "default": False},
     "network_daemon": {"type": "str", "default": "none", "choices": ["none", "networkd"]},
     "reboot": {"type": "list", "elements": "str", "default": []},
+    "factory_network": {"type": "list", "elements": "str", "default": []},
     "hosts_file": {"type": "path", "default": "/etc/hosts"},
     "shared_paths": {"type": "list", "elements": "path", "default": []},
 }
@@ -65,7 +66,8 @@ def summary(plan_dict: dict) -> str:
 
 def run_task(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     """The task's result: ``lab``, ``removed``, ``reasons``, ``elapsed`` (and ``diff``, ``settled_in``,
-    ``rebooted``); the lab made, rebooted or removed unless ``check_mode``."""
+    ``reshaped``, ``rebooted``, ``factory_network``); the lab made, changed, rebooted or removed unless
+    ``check_mode``."""
     try:
         return _run_task(params, check_mode)
     except Failed as exc:
@@ -124,15 +126,34 @@ def _run_task(p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
                     "so lab traffic can never leave the machine.",
                     conflicts=conflicts,
                 )
-            reasons = lab.problems()
+            # Only hosts and cables differ from the running lab: change just those, in place.
+            in_place = lab.in_place_changes()
+            reasons = [] if in_place else lab.problems()
             reboot = [name for name in p["reboot"] if name]
-            if reasons and reboot:
-                raise Failed(
-                    f"lab_reboot: lab {doc['lab_name']} is not up as asked ({'; '.join(reasons)}); "
-                    "run playbooks/lab.yml without lab_reboot first",
-                    reasons=reasons,
-                )
-            if reasons:
+            factory = [name for name in p["factory_network"] if name]
+            for option, names in (("lab_reboot", reboot), ("lab_factory_network", factory)):
+                if names and (reasons or in_place):
+                    why = reasons or (
+                        [f"its hosts and cables would change: {in_place[1].summary()}"] if in_place else []
+                    )
+                    raise Failed(
+                        f"{option}: lab {doc['lab_name']} is not up as asked ({'; '.join(why)}); "
+                        f"run playbooks/lab.yml without {option} first",
+                        reasons=why,
+                    )
+            if in_place:
+                before_plan, change = in_place
+                result["changed"] = True
+                result["reshaped"] = change.as_dict()
+                result["diff"] = {
+                    "before_header": f"lab {doc['lab_name']} as built",
+                    "after_header": f"lab {doc['lab_name']} changed in place: {change.summary()}",
+                    "before": summary(before_plan.as_dict()),
+                    "after": summary(lab.plan.as_dict()),
+                }
+                if not check_mode:
+                    result["removed"] = lab.reshape(before_plan, change)
+            elif reasons:
                 result["changed"] = True
                 result["reasons"] = reasons
                 before = lab.recorded()
@@ -155,6 +176,10 @@ def _run_task(p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
                 result["reasons"] = [str(lab.names_problem())]
                 if not check_mode:
                     lab.write_names_block()
+            if factory:
+                fixed = lab.factory_network(factory, check_mode)
+                result["factory_network"] = fixed
+                result["changed"] = result["changed"] or any(fixed.values())
             if reboot:
                 result["changed"] = True
                 if not check_mode:

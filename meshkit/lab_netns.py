@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import ipaddress
 import json
 import os
@@ -39,6 +40,10 @@ from meshkit.lab_spec import (
     LAB_USER,
     Host,
     LabPlan,
+    PlanDiff,
+    cable_name,
+    plan_diff,
+    plan_from_dict,
 )
 
 STATE_VERSION = 1
@@ -256,7 +261,14 @@ class Lab:
         if state is None:
             return ["the lab is not built"]
         if state["plan"] != self.plan.as_dict():
-            return [describe_change(state["plan"], self.plan.as_dict())]
+            change = describe_change(state["plan"], self.plan.as_dict())
+            diff = plan_diff(plan_from_dict(state["plan"]), self.plan)
+            if diff.blockers:
+                return [f"{change} (not changeable in place: {', '.join(diff.blockers)})"]
+            broken = self.like(plan_from_dict(state["plan"])).problems()
+            if not broken:
+                return [f"{change} ({diff.summary()})"]
+            return [f"{change} (not changeable in place, the running lab is not as recorded: {'; '.join(broken)})"]
         problems = []
         netns = set(self.existing_netns())
         for host in self.plan.hosts:
@@ -280,6 +292,32 @@ class Lab:
             if not _port_open(host.mgmt_ip, SSH_PORT, 1.0):
                 problems.append(f"{host.name}: sshd does not answer on {host.mgmt_ip}:{SSH_PORT}")
         return problems
+
+    def like(self, plan: LabPlan) -> Lab:
+        """This lab's directory and settings with another plan (e.g. the recorded one)."""
+        return Lab(
+            plan,
+            str(self.dir),
+            self.init_script,
+            self.python,
+            sshd=self.sshd,
+            ssh_timeout=self.ssh_timeout,
+            settle_timeout=self.settle_timeout,
+            hosts_file=self.hosts_file,
+        )
+
+    def in_place_changes(self) -> tuple[LabPlan, PlanDiff] | None:
+        """The recorded plan and the hosts and cables to add and remove to make the running lab the
+        planned one, when only hosts and cables differ and the lab runs as recorded; None when the lab
+        is as planned or must be built again (problems() then says why)."""
+        state = self.recorded()
+        if state is None or state["plan"] == self.plan.as_dict():
+            return None
+        before = plan_from_dict(state["plan"])
+        diff = plan_diff(before, self.plan)
+        if not diff.in_place or self.like(before).problems():
+            return None
+        return before, diff
 
     @staticmethod
     def _holder_alive(netns: str, pid: int) -> bool:
@@ -337,19 +375,148 @@ class Lab:
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         tmp.replace(self.state_file)
 
-    def _hardware(self, h: Host) -> None:
+    # ---- change in place --------------------------------------------------------
+    def reshape(self, before: LabPlan, diff: PlanDiff) -> list[str]:
+        """Make the running lab, built as ``before``, the planned one by adding and removing only the
+        hosts and cables ``diff`` names: every host and cable in both plans is left as it is (its
+        links keep their index, MAC, addresses; its processes run on). Returns what was removed.
+        The caller waits for the lab to settle (settle()), as after build().
+
+        A cable that goes is its veth pair (both ends at once); one that comes is a new pair, so a
+        recabled port gets a new far end, as a real cable gives. A host that goes loses its
+        processes, namespace (with its cables' ends), machine-side port, files, known_hosts line and
+        name; one that comes is built as build() builds a host."""
+        state = self.recorded()
+        if state is None:
+            raise LabError(f"lab {self.plan.name} is not built; build it first")
+        old_hosts = {h.name: h for h in before.hosts}
+        new_hosts = {h.name: h for h in self.plan.hosts}
+        added = tuple(new_hosts[n] for n in diff.hosts_added)
+        gone = [old_hosts[n] for n in diff.hosts_removed]
+        removed: list[str] = []
+
+        # 1. Cables that go, from one end: both ends go at once and their names are free again.
+        by_ns: dict[str, list[str]] = {}
+        for c in diff.cables_removed:
+            by_ns.setdefault(old_hosts[c.a.host].netns, []).append(f"link del {c.a.port}")
+        for netns, cmds in by_ns.items():
+            run(["ip", "-n", netns, "-batch", "-"], stdin="\n".join(cmds) + "\n")
+        removed += [f"cable {cable_name(c)}" for c in diff.cables_removed]
+
+        # 2. Hosts that go: processes, namespace, machine-side port (deleted here, not left to the
+        # namespace's asynchronous end), files.
+        for h in gone:
+            self._remove_host(h)
+            removed += [f"host {h.name}", f"namespace {h.netns}", f"link {h.mgmt_root_port}"]
+        if gone:
+            self._close_ssh_masters()  # connections to the hosts that went (the others reconnect)
+
+        # 3. Hosts that come, as build() makes them (after what a failed earlier run left of them).
+        for h in added:
+            self._remove_host(h)
+        self._write_files(added)
+        cmds: list[str] = []
+        for h in added:
+            cmds += [
+                f"netns add {h.netns}",
+                f"link add {h.mgmt_root_port} type veth peer name {HOST_MGMT_PORT} netns {h.netns}",
+                f"link set {h.mgmt_root_port} master {self.plan.mgmt_bridge}",
+                f"link set {h.mgmt_root_port} up",
+            ]
+        # 4. Cables that come: new veth pairs straight into their two hosts.
+        for c in diff.cables_added:
+            cmds.append(
+                f"link add {c.a.port} netns {new_hosts[c.a.host].netns} "
+                f"type veth peer name {c.b.port} netns {new_hosts[c.b.host].netns}"
+            )
+        if cmds:
+            run(["ip", "-batch", "-"], stdin="\n".join(cmds) + "\n")
+        new_ports: dict[str, list[str]] = {}
+        for c in diff.cables_added:
+            for end in (c.a, c.b):
+                new_ports.setdefault(end.host, []).append(end.port)
+        for h in added:
+            self._hardware(h)
+            self._factory_network(h)
+        for name, ports in new_ports.items():
+            if name not in diff.hosts_added:
+                self._hardware(new_hosts[name], tuple(ports))
+                self._factory_ports(new_hosts[name], tuple(ports))
+
+        # 5. Names: this machine's block, and every running host's own /etc/hosts (in place: it is
+        # bind-mounted there).
+        if self.plan.names:
+            self.write_names_block()
+            for h in self.plan.hosts:
+                if h.name not in diff.hosts_added:
+                    path = self.etc_dir(h.name) / "hosts"
+                    text = self._host_hosts_file(h)
+                    if path.read_text() != text:
+                        path.write_text(text)
+
+        # 6. The new hosts boot; their keys join known_hosts, the old hosts' keys leave it.
+        for h in added:
+            state["holders"][h.name] = self._start_holder(h)
+        for h in gone:
+            state["holders"].pop(h.name, None)
+        self._wait_for_sshd(added)
+        leaving = {before.ssh_name(h) for h in gone} | {self.plan.ssh_name(h) for h in added}
+        known = [line for line in state.get("known_hosts", []) if line.split()[0] not in leaving]
+        state["known_hosts"] = sorted(known + (self._scan_host_keys(added) if added else []))
+        state["plan"] = self.plan.as_dict()
+        self._save_state(state)
+        return removed
+
+    def _remove_host(self, h: Host) -> None:
+        """A host gone: its processes, namespace, machine-side port and files (nothing if none)."""
+        if h.netns in self.existing_netns():
+            self._kill_netns_processes(h.netns)
+            run(["ip", "netns", "del", h.netns])
+        if any(link.get("ifname") == h.mgmt_root_port for link in ip_json("link", "show")):
+            run(["ip", "link", "del", h.mgmt_root_port])
+        if self.host_dir(h.name).exists():
+            shutil.rmtree(self.host_dir(h.name))
+
+    def _factory_ports(self, h: Host, ports: tuple[str, ...]) -> None:
+        """New cable ports of a running host, as its OS takes a port plugged in: with
+        lab_network_daemon=none the lab's factory network puts them in bridge0 (as at build; only
+        brought up when the host has no bridge0 any more) and up; with networkd the host's own
+        systemd-networkd configures them from its files, untouched here."""
+        if self.plan.network_daemon != "none" or not ports:
+            return
+        bridge = any(link.get("ifname") == HOST_BRIDGE for link in ip_json("-n", h.netns, "link", "show"))
+        cmds = []
+        for port in ports:
+            if bridge:
+                cmds.append(f"link set {port} master {HOST_BRIDGE}")
+            cmds.append(f"link set {port} up")
+        run(["ip", "-n", h.netns, "-batch", "-"], stdin="\n".join(cmds) + "\n")
+
+    def _hardware(self, h: Host, ports: tuple[str, ...] | None = None) -> None:
         """What a host's network hardware is, whatever its OS does: the cable ports' rate (tc tbf,
-        standing in for the link's speed) and their factory MTU."""
-        cmds = [f"link set {port} mtu 1500" for port in h.ports]
+        standing in for the link's speed) and their factory MTU (of every port, or of ``ports``)."""
+        ports = h.ports if ports is None else ports
+        cmds = [f"link set {port} mtu 1500" for port in ports]
         if cmds:
             run(["ip", "-n", h.netns, "-batch", "-"], stdin="\n".join(cmds) + "\n")
-        if self.plan.link_rate and h.ports:
+        if self.plan.link_rate and ports:
             burst = tbf_burst(self.plan.link_rate)
             tc = [
                 f"qdisc replace dev {port} root tbf rate {self.plan.link_rate} burst {burst} latency 20ms"
-                for port in h.ports
+                for port in ports
             ]
             run(["tc", "-n", h.netns, "-batch", "-"], stdin="\n".join(tc) + "\n")
+
+    def _bridge_add(self, h: Host) -> str:
+        """The ``ip`` command making a host's factory bridge0: STP on with the timers above, and a MAC
+        of its own (locally administered, from the lab's and host's names), as a Mac's Thunderbolt
+        Bridge and networkd's bridge (from the machine id) have: a bridge without one takes its
+        ports' lowest MAC, so plugging or unplugging a cable would change it and its STP bridge id."""
+        digest = hashlib.sha256(f"{self.plan.name}/{h.name}/{HOST_BRIDGE}".encode()).digest()
+        mac = ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
+        return f"link add {HOST_BRIDGE} address {mac} type bridge stp_state 1 " + " ".join(
+            f"{k} {v * 100}" for k, v in STP_TIMERS.items()
+        )
 
     def _factory_network(self, h: Host) -> None:
         """The network a host has after boot before any of its own configuration, as the factory
@@ -362,10 +529,7 @@ class Lab:
         prefix = ipaddress.IPv4Network(self.plan.mgmt_subnet).prefixlen
         cmds = ["link set lo up"]
         if HOST_BRIDGE in host_links(h):
-            cmds.append(
-                f"link add {HOST_BRIDGE} type bridge stp_state 1 "
-                + " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items())
-            )
+            cmds.append(self._bridge_add(h))
             for port in h.ports:
                 cmds += [f"link set {port} master {HOST_BRIDGE}", f"link set {port} up"]
             cmds.append(f"link set {HOST_BRIDGE} up")
@@ -497,7 +661,8 @@ class Lab:
             "30-tb.network": head + f"[Match]\nName={HOST_PORT_PREFIX}*\n\n[Network]\nBridge={HOST_BRIDGE}\n",
         }
 
-    def _write_files(self) -> None:
+    def _write_files(self, hosts: tuple[Host, ...] | None = None) -> None:
+        """The lab's own files and every host's (or only ``hosts``')."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o700)
         self.control_dir.mkdir(exist_ok=True)
@@ -519,7 +684,7 @@ class Lab:
         pubkey = Path(str(self.client_key) + ".pub").read_text()
         sudo = self.plan.access == "sudo"
         user = self._user_record()
-        for h in self.plan.hosts:
+        for h in self.plan.hosts if hosts is None else hosts:
             # Each host's /etc/ssh: the holder bind-mounts this directory there, so
             # sshd reads its own config and host key at the usual paths (which also
             # pass sshd's StrictModes wherever the checkout is).
@@ -667,9 +832,9 @@ class Lab:
             time.sleep(0.01)
         raise LabError(f"{h.name}: the host's holder did not start within 10 s")
 
-    def _wait_for_sshd(self) -> None:
+    def _wait_for_sshd(self, hosts: tuple[Host, ...] | None = None) -> None:
         deadline = time.monotonic() + self.ssh_timeout
-        waiting = list(self.plan.hosts)
+        waiting = list(self.plan.hosts if hosts is None else hosts)
         while waiting and time.monotonic() < deadline:
             waiting = [h for h in waiting if not _port_open(h.mgmt_ip, SSH_PORT, 0.5)]
             if waiting:
@@ -743,6 +908,73 @@ class Lab:
         Path(path).touch()
         run(["mount", "--bind", f"/run/netns/{spare}", path])
         run(["ip", "netns", "del", spare])
+
+    # ---- the factory network, again ---------------------------------------------
+    def factory_network(self, names: list[str], check_mode: bool = False) -> dict[str, list[str]]:
+        """Put hosts' cable ports back as the factory network has them, without a reboot: bridge0
+        (STP on, made again if it is gone) up, every cable port in it, up, at the factory MTU, with
+        no address but its link-local ones and no route of its own. Per host the ``ip`` commands
+        that did it (none: it already was so); ``check_mode`` only says them.
+
+        With lab_network_daemon=networkd the host's own networkd owns its network: its bridge comes
+        back from its own files at its next boot (lab_reboot), which this refuses to second-guess."""
+        by_name = {h.name: h for h in self.plan.hosts}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise LabError(
+                f"lab_factory_network names {', '.join(unknown)}, not a host of lab {self.plan.name} "
+                f"({', '.join(by_name)}); name hosts as the inventory does, e.g. -e lab_factory_network=node2"
+            )
+        if self.plan.network_daemon != "none":
+            raise LabError(
+                "lab_factory_network: with lab_network_daemon=networkd each host's own systemd-networkd "
+                "configures its ports from its own files; reboot the host to have it apply them "
+                f"(-e lab_reboot={','.join(names)})"
+            )
+        heads = [n for n in names if by_name[n].head]
+        if heads:
+            raise LabError(f"lab_factory_network: {', '.join(heads)} is the head node, which has no cables")
+        done: dict[str, list[str]] = {}
+        for name in names:
+            h = by_name[name]
+            cmds = self._factory_fixes(h)
+            if cmds and not check_mode:
+                run(["ip", "-n", h.netns, "-batch", "-"], stdin="\n".join(cmds) + "\n")
+            done[name] = cmds
+        return done
+
+    def _factory_fixes(self, h: Host) -> list[str]:
+        """The ``ip`` commands that give a host's cable ports their factory network again."""
+        links = {link["ifname"]: link for link in ip_json("-n", h.netns, "-d", "link", "show")}
+        addrs = {a["ifname"]: a.get("addr_info", []) for a in ip_json("-n", h.netns, "addr", "show")}
+        routes = ip_json("-n", h.netns, "-4", "route", "show", "table", "main")
+        lost = [port for port in h.ports if port not in links]
+        if lost:
+            raise LabError(f"{h.name}: its ports {', '.join(lost)} are gone; build the lab again")
+        cmds = []
+        bridge = links.get(HOST_BRIDGE)
+        stp = " ".join(f"{k} {v * 100}" for k, v in STP_TIMERS.items())
+        if bridge is None:
+            cmds.append(self._bridge_add(h))
+        elif bridge.get("linkinfo", {}).get("info_data", {}).get("stp_state") != 1:
+            cmds.append(f"link set dev {HOST_BRIDGE} type bridge stp_state 1 {stp}")
+        for port in h.ports:
+            link = links[port]
+            for r in routes:
+                if r.get("dev") == port and r.get("protocol") != "kernel":
+                    cmds.append(f"route del {r['dst']} dev {port}" + (f" via {r['gateway']}" if "gateway" in r else ""))
+            for a in addrs.get(port, []):
+                if a.get("scope") != "link":
+                    cmds.append(f"addr del {a['local']}/{a['prefixlen']} dev {port}")
+            if link.get("mtu") != 1500:
+                cmds.append(f"link set {port} mtu 1500")
+            if link.get("master") != HOST_BRIDGE:
+                cmds.append(f"link set {port} master {HOST_BRIDGE}")
+            if "UP" not in link.get("flags", []):
+                cmds.append(f"link set {port} up")
+        if bridge is None or "UP" not in bridge.get("flags", []):
+            cmds.append(f"link set {HOST_BRIDGE} up")
+        return cmds
 
     # ---- settled -----------------------------------------------------------
     def unsettled(self, host: Host) -> list[str]:
@@ -853,14 +1085,15 @@ class Lab:
             time.sleep(0.2)
         return round(time.monotonic() - start, 2)
 
-    def _scan_host_keys(self) -> list[str]:
-        """Collect every host's key with ssh-keyscan, by the name the inventory uses for it (its
-        address, or with lab_names its name), and check it is the key we gave that host."""
-        names = [self.plan.ssh_name(h) for h in self.plan.hosts]
+    def _scan_host_keys(self, hosts: tuple[Host, ...] | None = None) -> list[str]:
+        """Collect every host's (or only ``hosts``') key with ssh-keyscan, by the name the inventory
+        uses for it (its address, or with lab_names its name), and check it is the key we gave that host."""
+        hosts = self.plan.hosts if hosts is None else hosts
+        names = [self.plan.ssh_name(h) for h in hosts]
         out = run(["ssh-keyscan", "-T", "5", "-t", "ed25519", *names]).stdout
         lines = sorted(line for line in out.splitlines() if line and not line.startswith("#"))
         scanned = {line.split()[0]: line.split()[2] for line in lines}
-        for h, name in zip(self.plan.hosts, names, strict=True):
+        for h, name in zip(hosts, names, strict=True):
             expected = (self.ssh_dir(h.name) / "ssh_host_ed25519_key.pub").read_text().split()[1]
             if scanned.get(name) != expected:
                 raise LabError(

@@ -395,3 +395,162 @@ def plan(doc: dict[str, Any]) -> LabPlan:
         names=bool(doc.get("lab_names", False)),
         network_daemon=doc.get("lab_network_daemon", "none"),
     )
+
+
+def plan_from_dict(data: dict[str, Any]) -> LabPlan:
+    """The LabPlan a record holds (the inverse of LabPlan.as_dict)."""
+    hosts = tuple(
+        Host(
+            index=h["index"],
+            name=h["name"],
+            netns=h["netns"],
+            mgmt_ip=h["mgmt_ip"],
+            mgmt_root_port=h["mgmt_root_port"],
+            ports=tuple(h["ports"]),
+            fqdn=h.get("fqdn", ""),
+            head=bool(h.get("head", False)),
+        )
+        for h in data["hosts"]
+    )
+    cables = tuple(
+        Cable(
+            index=c["index"],
+            a=CableEnd(c["ends"][0]["host"], c["ends"][0]["port"]),
+            b=CableEnd(c["ends"][1]["host"], c["ends"][1]["port"]),
+        )
+        for c in data["cables"]
+    )
+    return LabPlan(
+        name=data["name"],
+        size=data["size"],
+        shape=data["shape"],
+        link_rate=data["link_rate"],
+        mgmt_subnet=data["mgmt_subnet"],
+        controller_ip=data["controller_ip"],
+        mgmt_bridge=data["mgmt_bridge"],
+        hosts=hosts,
+        cables=cables,
+        access=data.get("access", "root"),
+        names=bool(data.get("names", False)),
+        network_daemon=data.get("network_daemon", "none"),
+    )
+
+
+def cable_name(cable: Cable) -> str:
+    """``node4:tb1-node5:tb0``: a cable by its two ends, in the plan's order."""
+    return f"{cable.a.host}:{cable.a.port}-{cable.b.host}:{cable.b.port}"
+
+
+def cable_key(cable: Cable) -> frozenset[CableEnd]:
+    """What a cable is: its two ends (host and port). The same ends in either order, or under another
+    index, are the same cable; one end elsewhere is another cable."""
+    return frozenset((cable.a, cable.b))
+
+
+# What must be equal for a running lab to be changed in place (its hosts and cables alone differ):
+# anything else is in every host or in the machine's own network, and the lab is built again.
+IN_PLACE_KEYS = (
+    "name",
+    "mgmt_subnet",
+    "controller_ip",
+    "mgmt_bridge",
+    "link_rate",
+    "access",
+    "names",
+    "network_daemon",
+)
+# What a host is, apart from its ports: a host in both plans must agree on all of it.
+HOST_KEYS = ("index", "netns", "mgmt_ip", "mgmt_root_port", "fqdn", "head")
+
+
+@dataclass(frozen=True)
+class PlanDiff:
+    """From one plan (the lab as recorded) to another (as asked): hosts and cables to add and remove.
+
+    ``moved`` pairs a removed cable with an added one that shares one of its ends (the same port now
+    cabled to another port or host). ``blockers`` says what else differs: when it is not empty the lab
+    cannot be changed in place and is built again."""
+
+    hosts_added: tuple[str, ...]
+    hosts_removed: tuple[str, ...]
+    cables_added: tuple[Cable, ...]
+    cables_removed: tuple[Cable, ...]
+    cables_kept: tuple[Cable, ...]
+    moved: tuple[tuple[str, str], ...]
+    blockers: tuple[str, ...]
+
+    @property
+    def in_place(self) -> bool:
+        return not self.blockers
+
+    @property
+    def hosts_or_cables(self) -> bool:
+        return bool(self.hosts_added or self.hosts_removed or self.cables_added or self.cables_removed)
+
+    def summary(self) -> str:
+        """One line naming every host and cable that comes and goes (``added node5; cables added
+        node4:tb1-node5:tb0, node5:tb1-node1:tb1; removed node4:tb1-node1:tb1``)."""
+        parts = []
+        if self.hosts_added:
+            parts.append("added " + ", ".join(self.hosts_added))
+        if self.hosts_removed:
+            parts.append("removed " + ", ".join(self.hosts_removed))
+        if self.cables_added:
+            parts.append("cables added " + ", ".join(cable_name(c) for c in self.cables_added))
+        if self.cables_removed:
+            word = "removed" if self.cables_added else "cables removed"
+            parts.append(word + " " + ", ".join(cable_name(c) for c in self.cables_removed))
+        if self.moved:
+            parts.append("moved " + ", ".join(f"{old} -> {new}" for old, new in self.moved))
+        return "; ".join(parts) or "no host or cable changes"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "hosts_added": list(self.hosts_added),
+            "hosts_removed": list(self.hosts_removed),
+            "cables_added": [cable_name(c) for c in self.cables_added],
+            "cables_removed": [cable_name(c) for c in self.cables_removed],
+            "cables_moved": [list(pair) for pair in self.moved],
+            "cables_kept": len(self.cables_kept),
+            "summary": self.summary(),
+        }
+
+
+def plan_diff(before: LabPlan, after: LabPlan) -> PlanDiff:
+    """What changes from ``before`` to ``after``, host by host (by name) and cable by cable (by its
+    two ends, see cable_key)."""
+    blockers = []
+    old, new = before.as_dict(), after.as_dict()
+    for key in IN_PLACE_KEYS:
+        if old.get(key) != new.get(key):
+            blockers.append(f"{key} {old.get(key)} -> {new.get(key)}")
+    if old.get("head") != new.get("head"):
+        blockers.append("head node " + ("added" if new.get("head") else "removed"))
+    old_hosts = {h["name"]: h for h in old["hosts"]}
+    new_hosts = {h["name"]: h for h in new["hosts"]}
+    for name in old_hosts.keys() & new_hosts.keys():
+        for key in HOST_KEYS:
+            was, now = old_hosts[name].get(key), new_hosts[name].get(key)
+            if was != now:
+                blockers.append(f"{name}: {key} {was} -> {now}")
+    old_cables = {cable_key(c): c for c in before.cables}
+    new_cables = {cable_key(c): c for c in after.cables}
+    added = tuple(c for k, c in new_cables.items() if k not in old_cables)
+    removed = tuple(c for k, c in old_cables.items() if k not in new_cables)
+    # A move: a removed cable and an added one share an end, and neither shares one with any other
+    # (a ring's closing cable replaced by two through a new host is a removal and two additions).
+    touching = {(r, a) for r in removed for a in added if cable_key(r) & cable_key(a)}
+    moved = tuple(
+        (cable_name(r), cable_name(a))
+        for r, a in sorted(touching, key=lambda pair: (pair[0].index, pair[1].index))
+        if sum(1 for x, _ in touching if x == r) == 1 and sum(1 for _, y in touching if y == a) == 1
+    )
+    return PlanDiff(
+        hosts_added=tuple(h.name for h in after.hosts if h.name not in old_hosts),
+        hosts_removed=tuple(h.name for h in before.hosts if h.name not in new_hosts),
+        cables_added=added,
+        cables_removed=removed,
+        cables_kept=tuple(c for k, c in new_cables.items() if k in old_cables),
+        moved=moved,
+        blockers=tuple(sorted(set(blockers), key=blockers.index)),
+    )

@@ -16,8 +16,11 @@ description:
     C(bridge0) with STP on, as macOS ships its Thunderbolt Bridge.
   - Validates every input before anything is built and refuses a management subnet that overlaps a
     route of this machine.
-  - Idempotent. A lab that already matches the plan is left alone; one that differs (other shape,
-    a dead host) is removed and built again. Host and client keys are kept across rebuilds.
+  - Idempotent. A lab that already matches the plan is left alone. A running lab whose hosts and cables alone
+    differ from the plan (same name, subnet, link rate, access, names, network daemon, head) is changed in place -
+    hosts and cables added and removed, every other host and cable left as it is (see RV(reshaped)). One that
+    differs otherwise (another subnet, a dead host) is removed and built again, saying why in RV(reasons). Host
+    and client keys are kept across rebuilds.
   - An action plugin - its work is done in ansible-playbook's own Python on the controller (the meshkit package,
     which must be installed there), with no Python started for the task.
   - Driven by the C(meshkit.cluster.lab) role (C(playbooks/lab.yml)); option names in error messages
@@ -119,6 +122,15 @@ options:
     type: list
     elements: str
     default: []
+  factory_network:
+    description:
+      - Hosts (names such as V(node2)) whose cable ports go back as the factory network has them, without a
+        reboot - C(bridge0) (STP on) up, every cable port in it, up, at MTU 1500, with no address but its
+        link-local ones and no route of its own. Changed only where something had to be done. The lab must be
+        built as asked. Only with O(network_daemon=none) (with V(networkd) reboot the host, O(reboot)).
+    type: list
+    elements: str
+    default: []
   hosts_file:
     description: This machine's hosts file, where O(names=true) adds the lab's names.
     type: path
@@ -179,13 +191,52 @@ lab:
       type: list
       elements: str
 removed:
-  description: What O(state=absent), or a rebuild, removed.
+  description: What O(state=absent), a rebuild or a change in place removed.
   returned: always
   type: list
   elements: str
 rebooted:
   description: With O(reboot), per host the seconds from power-off to booted, and the seconds until settled.
   returned: when O(reboot) is given
+  type: dict
+reshaped:
+  description:
+    - The hosts and cables added and removed in place (in check mode, that would be), cables by their ends
+      (C(node4:tb1-node5:tb0)); C(cables_moved) pairs a removed cable with the added one that took one of its ends;
+      C(summary) says it all in one line.
+  returned: when the lab was changed in place
+  type: dict
+  contains:
+    hosts_added:
+      description: Hosts added.
+      type: list
+      elements: str
+    hosts_removed:
+      description: Hosts removed.
+      type: list
+      elements: str
+    cables_added:
+      description: Cables added.
+      type: list
+      elements: str
+    cables_removed:
+      description: Cables removed.
+      type: list
+      elements: str
+    cables_moved:
+      description: "[removed, added] pairs."
+      type: list
+      elements: list
+    cables_kept:
+      description: How many cables were left as they were.
+      type: int
+    summary:
+      description: One line naming every host and cable added and removed.
+      type: str
+factory_network:
+  description: >-
+    With O(factory_network), per host the C(ip) commands that put its ports back (empty when none were needed).
+  returned: when O(factory_network) is given
   type: dict
 reasons:
   description: Why the lab was (or in check mode would be) built again.

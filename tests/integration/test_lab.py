@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -416,3 +417,123 @@ def test_the_meshkit_command_builds_converges_launches_and_removes_a_lab_outside
         run("lab", "--down", *names)
         release_subnet(handle.subnet)
     assert not [n for n in sh("ip", "netns", "list").stdout.split() if n.startswith(f"{handle.name}-")]
+
+
+def host_links_now(ns: str) -> dict[str, tuple[int, str]]:
+    """A host's interfaces: name -> (ifindex, MAC)."""
+    return {link["ifname"]: (link["ifindex"], link.get("address", "")) for link in ip_json("-n", ns, "link", "show")}
+
+
+def host_addrs_now(ns: str) -> dict[str, list[str]]:
+    return {
+        a["ifname"]: sorted(f"{i['local']}/{i['prefixlen']}" for i in a.get("addr_info", []))
+        for a in ip_json("-n", ns, "addr", "show")
+    }
+
+
+def holders(lab) -> dict[str, int]:
+    return json.loads((lab.dir / "state.json").read_text())["holders"]
+
+
+def said(run) -> str:
+    """A play's output on one line (the callback folds long messages)."""
+    return " ".join(run.output.split())
+
+
+def frames_cross(ends: list[tuple[str, str]], timeout: float = 30.0) -> dict[str, int]:
+    """Wait until every (netns, port) has received frames (STP hellos, IPv6 neighbour discovery from
+    its far end: link-layer traffic across the cable); the received counts, 0 where none came in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = {
+            f"{ns}:{port}": ip_json("-s", "-n", ns, "link", "show", port)[0]["stats64"]["rx"]["packets"]
+            for ns, port in ends
+        }
+        if all(counts.values()) or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.2)
+
+
+def test_a_running_lab_grows_is_recabled_and_shrinks_in_place(make_lab):
+    """A 3-host ring grows to 4 (node4 between node3 and node1), a cable moves, node4 goes again:
+    each time only what changed is touched, the hosts keep running, the new host answers over SSH,
+    new cables carry frames; the same request again changes nothing; a host's bridge goes back to its
+    factory state (lab_factory_network); nothing of the lab is left at the end."""
+    lab = make_lab(lab_size=3, lab_shape="ring")
+    assert lab.up().rc == 0
+    ns = {name: h["meshkit_lab_netns"] for name, h in lab.hosts().items()}
+    mark = lab.ansible("-m", "ansible.builtin.shell", "-a", "echo kept > /var/lib/meshkit/mark", pattern="node2")
+    assert mark.returncode == 0, mark.stdout + mark.stderr
+    links, addrs, pids = (
+        {h: host_links_now(n) for h, n in ns.items()},
+        {h: host_addrs_now(n) for h, n in ns.items()},
+        holders(lab),
+    )
+
+    grown = "added node4; cables added node3:tb1-node4:tb0, node4:tb1-node1:tb1; removed node3:tb1-node1:tb1"
+    check = lab.up("--check", "--diff", lab_size=4)
+    assert check.rc == 0 and check.changed > 0, check.output
+    assert f"changed in place: {grown}" in said(check), check.output
+    assert lab_netns(lab) == sorted(ns.values())
+
+    grow = lab.up(lab_size=4)
+    assert grow.rc == 0, grow.output
+    assert f"lab {lab.name} changed in place: {grown}" in said(grow), grow.output
+    check_lab_matches_record(lab)
+    assert ping_hosts(lab) == {f"node{i}": "SUCCESS" for i in range(1, 5)}
+    # node2 untouched: every link, address and process as before; node1 and node3 too but the port
+    # recabled, which has a new far end (a new veth).
+    assert host_links_now(ns["node2"]) == links["node2"] and host_addrs_now(ns["node2"]) == addrs["node2"]
+    for host in ("node1", "node3"):
+        now = host_links_now(ns[host])
+        assert {k: v for k, v in now.items() if k != "tb1"} == {k: v for k, v in links[host].items() if k != "tb1"}
+        assert now["tb1"][1] != links[host]["tb1"][1], host
+    assert {h: p for h, p in holders(lab).items() if h != "node4"} == pids
+    assert (
+        "kept"
+        in lab.ansible("-m", "ansible.builtin.command", "-a", "cat /var/lib/meshkit/mark", pattern="node2").stdout
+    )
+    ns["node4"] = lab.hosts()["node4"]["meshkit_lab_netns"]
+    new_ends = [(ns["node3"], "tb1"), (ns["node4"], "tb0"), (ns["node4"], "tb1"), (ns["node1"], "tb1")]
+    assert all(frames_cross(new_ends).values()), frames_cross(new_ends, 0)
+    assert settled_state(lab) == {}
+    again = lab.up(lab_size=4)
+    assert again.rc == 0 and again.changed == 0, again.output
+
+    # node4's cable to node1 moves to node2 (its third port): one cable out, one in.
+    links = {h: host_links_now(n) for h, n in ns.items()}
+    moved = lab.up(lab_size=4, lab_cables=[[1, 2], [2, 3], [3, 4], [4, 2]])
+    assert moved.rc == 0, moved.output
+    assert "moved node4:tb1-node1:tb1 -> node4:tb1-node2:tb2" in said(moved), moved.output
+    check_lab_matches_record(lab)
+    assert host_links_now(ns["node3"]) == links["node3"]
+    assert "tb1" not in host_links_now(ns["node1"])
+    assert all(frames_cross([(ns["node4"], "tb1"), (ns["node2"], "tb2")]).values())
+
+    # Back to the 3-host ring: node4 goes with its cables, and nothing of it is left.
+    shrink = lab.up(lab_size=3, lab_cables=[])
+    assert shrink.rc == 0, shrink.output
+    assert "removed node4; cables added node3:tb1-node1:tb1;" in said(shrink), shrink.output
+    check_lab_matches_record(lab)
+    assert lab_netns(lab) == sorted(n for h, n in ns.items() if h != "node4")
+    assert not [link for link in ip_json("link", "show") if link["ifname"] == f"{lab.name}-m4"]
+    assert not (lab.dir / "hosts" / "node4").exists()
+    assert len((lab.dir / "known_hosts").read_text().splitlines()) == 3
+    assert not [p for p in lab.leftovers() if "node4" in p]
+    assert holders(lab) == pids
+    assert ping_hosts(lab) == {"node1": "SUCCESS", "node2": "SUCCESS", "node3": "SUCCESS"}
+
+    # node2's ports taken out of bridge0 with an address (as setup.yml leaves them), then put back.
+    sh("ip", "-n", ns["node2"], "link", "set", "tb0", "nomaster")
+    sh("ip", "-n", ns["node2"], "addr", "add", "10.250.0.1/30", "dev", "tb0")
+    back = lab.up(lab_factory_network="node2")
+    assert back.rc == 0 and back.changed > 0, back.output
+    assert "node2: cable ports back in bridge0" in said(back), back.output
+    tb0 = ip_json("-n", ns["node2"], "addr", "show", "tb0")[0]
+    assert tb0.get("master") == "bridge0" and "10.250.0.1" not in str(tb0["addr_info"])
+    assert settled_state(lab) == {}
+    same = lab.up(lab_factory_network="node2")
+    assert same.rc == 0 and same.changed == 0, same.output
+
+    assert lab.down().rc == 0
+    assert lab.leftovers() == []

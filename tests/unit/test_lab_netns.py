@@ -11,6 +11,7 @@ from meshkit import lab_netns
 from meshkit.lab_netns import (
     STATE_VERSION,
     Lab,
+    LabError,
     _blocked_by,
     describe_change,
     host_links,
@@ -182,3 +183,171 @@ def test_a_lab_planned_without_a_head_still_removes_one_it_built(tmp_path):
     lab = make_lab(tmp_path)
     assert lab.plan.head is None
     assert lab.netns_re.match("hd-head") and lab.root_port_re.match("hd-m5")
+
+
+# ---- changing a running lab in place -------------------------------------------------------------
+
+
+def record(lab: Lab, recorded_plan) -> None:
+    lab.dir.mkdir(parents=True, exist_ok=True)
+    state = {"version": STATE_VERSION, "plan": recorded_plan.as_dict(), "holders": {}, "known_hosts": []}
+    lab.state_file.write_text(json.dumps(state))
+
+
+def test_a_healthy_lab_that_differs_in_hosts_and_cables_alone_is_changed_in_place(tmp_path, monkeypatch):
+    lab = make_lab(tmp_path, lab_size=5)
+    record(lab, lab_plan())
+    monkeypatch.setattr(Lab, "problems", lambda self: [] if self.plan.size == 4 else ["rebuild"])
+    before, diff = lab.in_place_changes()
+    assert before == lab_plan()
+    assert diff.summary() == (
+        "added node5; cables added node4:tb1-node5:tb0, node5:tb1-node1:tb1; removed node4:tb1-node1:tb1"
+    )
+    # The same request once the record says so: nothing to change.
+    record(lab, lab.plan)
+    assert lab.in_place_changes() is None
+
+
+def test_a_broken_lab_or_another_subnet_is_built_again_saying_why(tmp_path, monkeypatch):
+    lab = make_lab(tmp_path, lab_size=5)
+    record(lab, lab_plan())
+    monkeypatch.setattr(lab_netns, "ip_json", lambda *args: [])  # no namespace exists
+    assert lab.in_place_changes() is None
+    (reason,) = lab.problems()
+    assert reason.startswith("the lab was built differently: size 4 -> 5, cables 4 -> 5 (not changeable in place")
+    assert "node1: namespace hd-node1 is missing" in reason
+    other = make_lab(tmp_path, lab_size=5, lab_mgmt_subnet="198.19.92.0/24")
+    assert other.in_place_changes() is None
+    assert "not changeable in place: mgmt_subnet 198.19.91.0/24 -> 198.19.92.0/24" in other.problems()[0]
+
+
+def fake_host(links, addrs=(), routes=()):
+    def fake_ip_json(*args):
+        if "addr" in args:
+            return list(addrs)
+        if "route" in args:
+            return list(routes)
+        return links
+
+    return fake_ip_json
+
+
+def test_the_factory_network_puts_detached_ports_back_in_bridge0(tmp_path, monkeypatch):
+    lab = make_lab(tmp_path)
+    node1 = lab.plan.hosts[0]
+    # As setup.yml leaves a host: ports out of bridge0 with a /30 each, bridge0 down, a route.
+    links = [
+        {"ifname": "bridge0", "flags": ["BROADCAST"], "linkinfo": {"info_data": {"stp_state": 1}}},
+        {"ifname": "tb0", "flags": ["UP", "LOWER_UP"], "mtu": 1500},
+        {"ifname": "tb1", "flags": ["UP", "LOWER_UP"], "mtu": 9000, "master": "bridge0"},
+    ]
+    addrs = [
+        {"ifname": "tb0", "addr_info": [
+            {"family": "inet", "local": "10.0.0.1", "prefixlen": 30, "scope": "global"},
+            {"family": "inet6", "local": "fe80::1", "prefixlen": 64, "scope": "link"},
+        ]},
+    ]  # fmt: skip
+    routes = [
+        {"dst": "10.0.0.0/30", "dev": "tb0", "protocol": "kernel"},
+        {"dst": "10.9.0.0/24", "dev": "tb0", "gateway": "10.0.0.2"},
+    ]
+    monkeypatch.setattr(lab_netns, "ip_json", fake_host(links, addrs, routes))
+    assert lab._factory_fixes(node1) == [
+        "route del 10.9.0.0/24 dev tb0 via 10.0.0.2",
+        "addr del 10.0.0.1/30 dev tb0",
+        "link set tb0 master bridge0",
+        "link set tb1 mtu 1500",
+        "link set bridge0 up",
+    ]
+    # Already so: nothing to do (reported unchanged).
+    factory = [
+        {"ifname": "bridge0", "flags": ["UP"], "linkinfo": {"info_data": {"stp_state": 1}}},
+        {"ifname": "tb0", "flags": ["UP"], "mtu": 1500, "master": "bridge0"},
+        {"ifname": "tb1", "flags": ["UP"], "mtu": 1500, "master": "bridge0"},
+    ]
+    monkeypatch.setattr(lab_netns, "ip_json", fake_host(factory))
+    assert lab._factory_fixes(node1) == []
+    # bridge0 gone altogether: made again as at build, STP on.
+    monkeypatch.setattr(lab_netns, "ip_json", fake_host(factory[1:]))
+    fixes = lab._factory_fixes(node1)
+    assert fixes[0] == lab._bridge_add(node1)
+    assert fixes[0].endswith(" type bridge stp_state 1 hello_time 100 max_age 600 forward_delay 400")
+    assert fixes[-1] == "link set bridge0 up"
+
+
+def test_the_factory_network_names_what_it_cannot_do(tmp_path):
+    lab = make_lab(tmp_path, lab_head=True)
+    with pytest.raises(LabError, match="names node9, not a host of lab hd"):
+        lab.factory_network(["node9"])
+    with pytest.raises(LabError, match="head is the head node, which has no cables"):
+        lab.factory_network(["head"])
+    networkd = make_lab(tmp_path, lab_network_daemon="networkd")
+    with pytest.raises(LabError, match="reboot the host to have it apply them \\(-e lab_reboot=node2\\)"):
+        networkd.factory_network(["node2"])
+
+
+def test_growing_a_ring_touches_only_the_cable_it_replaces_and_the_new_host(tmp_path, monkeypatch):
+    lab = make_lab(tmp_path, lab_size=5)
+    before = lab_plan()
+    record(lab, before)
+    commands: list[str] = []
+
+    def fake_run(cmd, stdin=None, check=True):
+        commands.extend(" ".join(cmd[:-1]) + " : " + line for line in (stdin or "").splitlines())
+        if not stdin:
+            commands.append(" ".join(cmd))
+
+    monkeypatch.setattr(lab_netns, "run", fake_run)
+    monkeypatch.setattr(lab_netns, "ip_json", lambda *args: [{"ifname": "bridge0"}] if "-n" in args else [])
+    monkeypatch.setattr(
+        Lab, "_write_files", lambda self, hosts=None: commands.append(f"files {[h.name for h in hosts]}")
+    )
+    monkeypatch.setattr(Lab, "_start_holder", lambda self, h: 4242)
+    monkeypatch.setattr(Lab, "_wait_for_sshd", lambda self, hosts=None: None)
+    monkeypatch.setattr(
+        Lab, "_scan_host_keys", lambda self, hosts=None: [f"{h.mgmt_ip} ssh-ed25519 KEY" for h in hosts]
+    )
+    removed = lab.reshape(before, lab_netns.plan_diff(before, lab.plan))
+    assert removed == ["cable node4:tb1-node1:tb1"]
+    assert commands == [
+        "ip -n hd-node4 -batch : link del tb1",
+        "files ['node5']",
+        "ip -batch : netns add hd-node5",
+        "ip -batch : link add hd-m5 type veth peer name mgmt0 netns hd-node5",
+        "ip -batch : link set hd-m5 master hd-mgmt",
+        "ip -batch : link set hd-m5 up",
+        "ip -batch : link add tb1 netns hd-node4 type veth peer name tb0 netns hd-node5",
+        "ip -batch : link add tb1 netns hd-node5 type veth peer name tb1 netns hd-node1",
+        "ip -n hd-node5 -batch : link set tb0 mtu 1500",
+        "ip -n hd-node5 -batch : link set tb1 mtu 1500",
+        "ip -n hd-node5 -batch : link set lo up",
+        f"ip -n hd-node5 -batch : {lab._bridge_add(lab.plan.hosts[4])}",
+        "ip -n hd-node5 -batch : link set tb0 master bridge0",
+        "ip -n hd-node5 -batch : link set tb0 up",
+        "ip -n hd-node5 -batch : link set tb1 master bridge0",
+        "ip -n hd-node5 -batch : link set tb1 up",
+        "ip -n hd-node5 -batch : link set bridge0 up",
+        "ip -n hd-node5 -batch : addr add 198.19.91.6/24 dev mgmt0",
+        "ip -n hd-node5 -batch : link set mgmt0 up",
+        "ip -n hd-node4 -batch : link set tb1 mtu 1500",
+        "ip -n hd-node4 -batch : link set tb1 master bridge0",
+        "ip -n hd-node4 -batch : link set tb1 up",
+        "ip -n hd-node1 -batch : link set tb1 mtu 1500",
+        "ip -n hd-node1 -batch : link set tb1 master bridge0",
+        "ip -n hd-node1 -batch : link set tb1 up",
+    ]
+    # node2 and node3, whose cables stay, are not touched at all.
+    assert not [c for c in commands if "hd-node2" in c or "hd-node3" in c]
+    state = lab.recorded()
+    assert state["plan"] == lab.plan.as_dict()
+    assert state["holders"] == {"node5": 4242}
+    assert state["known_hosts"] == ["198.19.91.6 ssh-ed25519 KEY"]
+
+
+def test_every_bridge0_has_a_mac_of_its_own_that_no_cable_changes(tmp_path):
+    # Without one a Linux bridge takes its ports' lowest MAC: recabling would change it (and its STP id).
+    lab = make_lab(tmp_path)
+    macs = [lab._bridge_add(h).split()[4] for h in lab.plan.hosts]
+    assert len(set(macs)) == 4
+    assert all(int(mac[:2], 16) & 0b11 == 0b10 for mac in macs)  # locally administered, unicast
+    assert macs == [make_lab(tmp_path, lab_size=5)._bridge_add(h).split()[4] for h in lab.plan.hosts]

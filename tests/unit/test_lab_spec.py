@@ -8,7 +8,10 @@ import pytest
 
 from meshkit.lab_spec import (
     LabSpecError,
+    cable_name,
     plan,
+    plan_diff,
+    plan_from_dict,
     shape_pairs,
     validate,
 )
@@ -262,3 +265,111 @@ def test_subnet_too_small_is_refused_counting_the_head():
     assert problems(lab_size=6, lab_mgmt_subnet="198.18.0.0/29")[0].endswith(
         "6 hosts and the controller need 7; use a larger network such as a /24"
     )
+
+
+# ---- changing a running lab in place: the difference of two plans ------------------------------
+
+
+def ring(size, **overrides):
+    return plan(validate(params(lab_size=size, lab_shape="ring", **overrides)))
+
+
+def ends(lab):
+    return [cable_name(c) for c in lab.cables]
+
+
+def test_a_ring_grown_by_one_keeps_every_cable_but_the_closing_one_port_for_port():
+    four, five = ring(4), ring(5)
+    assert ends(four) == ["node1:tb0-node2:tb0", "node2:tb1-node3:tb0", "node3:tb1-node4:tb0", "node4:tb1-node1:tb1"]
+    assert ends(five)[:3] == ends(four)[:3]
+    diff = plan_diff(four, five)
+    assert diff.in_place and diff.blockers == ()
+    assert diff.hosts_added == ("node5",) and diff.hosts_removed == ()
+    assert [cable_name(c) for c in diff.cables_added] == ["node4:tb1-node5:tb0", "node5:tb1-node1:tb1"]
+    assert [cable_name(c) for c in diff.cables_removed] == ["node4:tb1-node1:tb1"]
+    assert [cable_name(c) for c in diff.cables_kept] == ends(four)[:3]
+    assert diff.moved == ()  # one cable replaced by two through a new host: no single cable moved
+    assert diff.summary() == (
+        "added node5; cables added node4:tb1-node5:tb0, node5:tb1-node1:tb1; removed node4:tb1-node1:tb1"
+    )
+    assert diff.as_dict()["cables_kept"] == 3
+
+
+def test_a_ring_shrunk_by_one_is_the_grow_undone():
+    diff = plan_diff(ring(5), ring(4))
+    assert diff.in_place
+    assert diff.hosts_added == () and diff.hosts_removed == ("node5",)
+    assert [cable_name(c) for c in diff.cables_added] == ["node4:tb1-node1:tb1"]
+    assert [cable_name(c) for c in diff.cables_removed] == ["node4:tb1-node5:tb0", "node5:tb1-node1:tb1"]
+    assert len(diff.cables_kept) == 3
+    assert diff.summary() == (
+        "removed node5; cables added node4:tb1-node1:tb1; removed node4:tb1-node5:tb0, node5:tb1-node1:tb1"
+    )
+
+
+def test_a_mesh_and_a_line_grown_by_one_keep_every_cable():
+    for shape in ("mesh", "line"):
+        small = plan(validate(params(lab_size=4, lab_shape=shape)))
+        big = plan(validate(params(lab_size=5, lab_shape=shape)))
+        diff = plan_diff(small, big)
+        assert diff.cables_removed == () and len(diff.cables_kept) == len(small.cables), shape
+
+
+def test_a_moved_cable_is_one_removed_and_one_added_sharing_an_end():
+    # node4's cable to node1 re-plugged into node2 (which gets a third port).
+    moved = plan(validate(params(lab_cables=[[1, 2], [2, 3], [3, 4], [4, 2]])))
+    diff = plan_diff(ring(4), moved)
+    assert diff.in_place  # lab_shape ring -> explicit cables: the same lab, recabled
+    assert diff.hosts_added == diff.hosts_removed == ()
+    assert [cable_name(c) for c in diff.cables_removed] == ["node4:tb1-node1:tb1"]
+    assert [cable_name(c) for c in diff.cables_added] == ["node4:tb1-node2:tb2"]
+    assert diff.moved == (("node4:tb1-node1:tb1", "node4:tb1-node2:tb2"),)
+    assert diff.summary().endswith("moved node4:tb1-node1:tb1 -> node4:tb1-node2:tb2")
+
+
+def test_a_cable_is_its_two_ends_whatever_their_order_or_index():
+    same = plan(validate(params(lab_cables=[[1, 4], [1, 2], [2, 3], [3, 4]])))
+    # Listed in another order, ports are numbered otherwise (in cable order): node1's cable to node4
+    # is now on its tb0, another cable: three go and come again, one is kept.
+    diff = plan_diff(ring(4), same)
+    assert [cable_name(c) for c in diff.cables_added] == [
+        "node1:tb0-node4:tb0",
+        "node1:tb1-node2:tb0",
+        "node3:tb1-node4:tb1",
+    ]
+    assert [cable_name(c) for c in diff.cables_kept] == ["node2:tb1-node3:tb0"]
+    flipped = plan(validate(params(lab_cables=[[1, 2], [2, 3], [3, 4], [1, 4]])))
+    diff = plan_diff(ring(4), flipped)
+    assert not diff.hosts_or_cables and diff.in_place
+    assert diff.summary() == "no host or cable changes"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "blocker"),
+    [
+        ({"lab_mgmt_subnet": "198.18.1.0/24"}, "mgmt_subnet 198.18.0.0/24 -> 198.18.1.0/24"),
+        ({"lab_access": "sudo"}, "access root -> sudo"),
+        ({"lab_names": True}, "names False -> True"),
+        ({"lab_network_daemon": "networkd"}, "network_daemon none -> networkd"),
+        ({"lab_link_rate": "1gbit"}, "link_rate None -> 1gbit"),
+        ({"lab_head": True}, "head node added"),
+        ({"lab_name": "other"}, "name lab -> other"),
+    ],
+)
+def test_anything_but_hosts_and_cables_is_not_changed_in_place(overrides, blocker):
+    diff = plan_diff(ring(4), ring(5, **overrides))
+    assert not diff.in_place
+    assert blocker in diff.blockers
+
+
+def test_a_head_whose_address_moves_with_lab_size_is_not_changed_in_place():
+    diff = plan_diff(ring(4, lab_head=True), ring(5, lab_head=True))
+    assert "head: mgmt_ip 198.18.0.6 -> 198.18.0.7" in diff.blockers
+    # Recabling the same hosts of a lab with a head is.
+    assert plan_diff(ring(4, lab_head=True), ring(4, lab_head=True, lab_cables=[[1, 2], [2, 3], [3, 4]])).in_place
+
+
+@pytest.mark.parametrize("overrides", [{}, {"lab_head": True, "lab_names": True}, {"lab_cables": [[1, 2], [1, 2]]}])
+def test_a_recorded_plan_reads_back_as_the_plan(overrides):
+    lab = ring(4, **overrides)
+    assert plan_from_dict(lab.as_dict()) == lab
