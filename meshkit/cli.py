@@ -57,10 +57,16 @@ def parser() -> argparse.ArgumentParser:
     setup = sub.add_parser(
         "setup",
         help="converge the cluster of an inventory (meshkit.cluster.setup)",
-        description="Runs meshkit.cluster.setup on the inventory; every other option is ansible-playbook's "
+        description="Runs meshkit.cluster.setup on the inventory (with --undo: meshkit.cluster.teardown); every "
+        "other option is ansible-playbook's "
         "(--check, --diff, --tags, --limit, -e VARS, -v).",
     )
     setup.add_argument("-i", "--inventory", required=True, help="the cluster's inventory")
+    setup.add_argument(
+        "--undo",
+        action="store_true",
+        help="undo what setup did instead (meshkit.cluster.teardown): every host back as its record says",
+    )
     launch = sub.add_parser(
         "launch",
         help="start a program on every host of an inventory, supervised, output streamed, stdin broadcast",
@@ -202,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         state = {"lab_base": os.getcwd(), **({"lab_state": "absent"} if args.down else {})}
         return playbook("lab", None, extra_vars(args.extra_vars), state)
     if args.command == "setup":
-        return playbook("setup", args.inventory, [a for a in args.playbook_args if a != "--"])
+        name = "teardown" if args.undo else "setup"
+        return playbook(name, args.inventory, [a for a in args.playbook_args if a != "--"])
     if args.command == "launch":
         try:
             return launch(args)

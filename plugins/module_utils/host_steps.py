@@ -10,6 +10,7 @@ and turns its failure into ``StepFailed``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -20,6 +21,7 @@ from typing import Any
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.meshkit.cluster.plugins.module_utils import (
+    host_record,
     hostfiles,
     linux_net,
     linux_persist,
@@ -123,32 +125,144 @@ def run_steps(module: Any, body: Callable[[Run], None]) -> None:
 
 # ---- bridge_detach -------------------------------------------------------------------------------
 
+# Options of the steps that change the network and keep (or read) the host's record (record.json).
+UNDO_ARGS: dict[str, dict[str, Any]] = {
+    "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+    "state_dir": {"type": "path"},
+    "own_only": {"type": "bool", "default": False},
+}
+
 BRIDGE_ARGS: dict[str, dict[str, Any]] = {
     "bridge": {"type": "str", "default": "bridge0"},
     "peer_ports": {"type": "list", "elements": "str", "default": []},
     "service": {"type": "str", "default": "Thunderbolt Bridge"},
+    "pool": {"type": "str"},
     **MANAGEMENT_ARGS,
     **linux_persist.PERSIST_ARGS,
+    **UNDO_ARGS,
 }
 
 
-def bridge_detach(module: Any) -> dict[str, Any]:
-    """Take the peer ports out of the Thunderbolt bridge and disable it (module bridge_detach)."""
+def file_diff(file_changes: list[dict[str, Any]]) -> tuple[str, str]:
+    before = "".join(f"--- {c['path']}\n{c['before']}" for c in file_changes)
+    after = "".join(f"+++ {c['path']}\n{c['after']}" for c in file_changes)
+    return before, after
+
+
+def found_linux(module: Any, run, state_dir: str | None) -> list[str]:
+    """meshkit's own configuration already on a Linux host (before a record is taken: then the record
+    cannot say what the host had before meshkit)."""
+    found = host_record.networkd_own_files(module.params["networkd_dir"])
+    if module.get_bin_path("nmcli"):
+        with contextlib.suppress(RuntimeError):
+            found += [f"NetworkManager profile {n}" for n in host_record.nm_own_profiles(run)]
+    if state_dir and os.path.exists(os.path.join(state_dir, "hostfiles", "manifest.json")):
+        found.append(os.path.join(state_dir, "hostfiles"))
+    return found
+
+
+def keep_record_darwin(module: Any, run, bridge: str, service: str, mgmt: str | None) -> dict[str, Any]:
+    """Take the Mac's record before the step's first change, where it has none."""
+    if not module.params["state_dir"]:
+        return {"changed": False}
+
+    def take() -> dict[str, Any]:
+        return {"platform": "Darwin", "management_interface": mgmt, **macos.read_undo_record(run, bridge, service)}
+
+    return host_record.ensure(module, module.params["state_dir"], take)
+
+
+def keep_record(
+    module: Any, run, manager: str | None, bridge: str | None, patterns: list[str], mgmt: str | None
+) -> dict[str, Any]:
+    """Take the host's record before the step's first change, where it has none (Linux)."""
     p = module.params
+    if not p["state_dir"]:
+        return {"changed": False}
+
+    def take() -> dict[str, Any]:
+        all_links = linux_net.links(run)
+        nm = {}
+        if manager == "networkmanager" and bridge:
+            members = [link["ifname"] for link in all_links if link.get("master") == bridge]
+            nm = host_record.nm_bridge_autoconnect(run, bridge, members)
+        return host_record.linux_take(
+            all_links,
+            linux_net.addresses(run),
+            patterns,
+            mgmt,
+            bridge,
+            manager,
+            found_linux(module, run, p["state_dir"]),
+            nm,
+        )
+
+    return host_record.ensure(module, p["state_dir"], take)
+
+
+def record_diff(kept: dict[str, Any]) -> tuple[str, str]:
+    if not kept.get("changed"):
+        return "", ""
+    return f"--- {kept['path']}\n", f"+++ {kept['path']}\n" + json.dumps(
+        kept["record"], indent=2, sort_keys=True
+    ) + "\n"
+
+
+def load_record(module: Any) -> dict[str, Any] | None:
+    if not module.params["state_dir"]:
+        module.fail_json(msg="state: absent needs state_dir, the directory that holds the host's record.json")
+    try:
+        return host_record.load(module.params["state_dir"])
+    except host_record.RecordError as exc:
+        module.fail_json(msg=str(exc))
+    return None
+
+
+def refuse_without_record(module: Any, record: dict[str, Any] | None, what: list[str], whose: str) -> None:
+    """No trustworthy record: refuse to guess (say what undo would remove), unless own_only."""
+    if host_record.trusted(record) or not what or module.params["own_only"]:
+        return
+    if record is None:
+        why = f"this host has no {host_record.path(module.params['state_dir'])}"
+    else:
+        why = (
+            f"{host_record.path(module.params['state_dir'])} was taken while meshkit's configuration was already "
+            f"here ({', '.join(record.get('meshkit_found', []))})"
+        )
+    module.fail_json(
+        msg=f"{whose}: no record of what this host had before setup.yml ({why}); refusing to guess what to restore. "
+        f"With own_only, undo removes meshkit's own configuration only and restores nothing: {'; '.join(what)}. "
+        f"See {host_record.RUNBOOK}. Nothing was changed",
+        changed=False,
+        would_remove=what,
+    )
+
+
+def bridge_detach(module: Any) -> dict[str, Any]:
+    """Take the peer ports out of the Thunderbolt bridge and disable it (module bridge_detach); with
+    state absent, put back what the host's record says it had (bridge_undo)."""
+    p = module.params
+    if p["state"] == "absent":
+        return bridge_undo(module)
     run = runner(module)
     files = linux_persist.FileSet()
+    kept: dict[str, Any] = {"changed": False}
     try:
         if platform.system() == "Darwin":
             state = macos.read_bridge_state(run, p["bridge"], p["service"])
             mgmt = find_management_interface(module, run, darwin=True)
             plan = macos.plan_bridge(state, p["bridge"], p["service"], mgmt)
             persistence = plan["persistence"]
+            if not plan["refused"]:
+                kept = keep_record_darwin(module, run, p["bridge"], p["service"], mgmt)
         else:
             all_links = linux_net.links(run)
             mgmt = find_management_interface(module, run, darwin=False)
             plan = linux_net.plan_bridge(all_links, p["bridge"], p["peer_ports"], mgmt)
             manager = linux_persist.module_manager(module, run)
             persistence = linux_persist.describe(manager)
+            if not plan["refused"]:
+                kept = keep_record(module, run, manager, p["bridge"], p["peer_ports"], mgmt)
             # Every peer port, detached now or in an earlier run, stays out of the bridge at boot.
             ports = sorted(
                 set(plan["detach"])
@@ -172,7 +286,8 @@ def bridge_detach(module: Any) -> dict[str, Any]:
         module.fail_json(msg=str(exc))
     file_changes = files.changes()
     result = {
-        "changed": bool(plan["commands"] or file_changes),
+        "changed": bool(plan["commands"] or file_changes or kept["changed"]),
+        "record": kept.get("path"),
         "members": plan["members"],
         "detached": plan["detach"],
         "kept": plan["kept"],
@@ -184,19 +299,143 @@ def bridge_detach(module: Any) -> dict[str, Any]:
     }
     if plan["refused"]:
         module.fail_json(msg=plan["refused"], **{**result, "changed": False})
-    if plan["commands"] or file_changes:
-        before = f"{p['bridge']} members: {', '.join(plan['members']) or '(none)'}\n"
-        after = (
-            f"{p['bridge']} members: {', '.join(plan['kept']) or '(none)'}"
-            + ("" if plan["kept"] else f"; {p['bridge']} disabled")
-            + "\n"
-        )
-        for c in file_changes:
-            before += f"--- {c['path']}\n{c['before']}"
-            after += f"+++ {c['path']}\n{c['after']}"
-        result["diff"] = {"before": before, "after": after}
+    if result["changed"]:
+        before, after = record_diff(kept)
+        if plan["commands"] or file_changes:
+            before += f"{p['bridge']} members: {', '.join(plan['members']) or '(none)'}\n"
+            after += (
+                f"{p['bridge']} members: {', '.join(plan['kept']) or '(none)'}"
+                + ("" if plan["kept"] else f"; {p['bridge']} disabled")
+                + "\n"
+            )
+        files_before, files_after = file_diff(file_changes)
+        result["diff"] = {"before": before + files_before, "after": after + files_after}
     apply(module, run, plan["commands"])
     linux_persist.module_write(module, run, files, file_changes)
+    return result
+
+
+def bridge_undo(module: Any) -> dict[str, Any]:
+    """Put the peer ports back into the bridge they were in, as the host's record says, with the IPv6
+    address generation, link-local addresses and up/down state they had; remove meshkit's persistent
+    bridge configuration (networkd files, NetworkManager profiles); then the record itself (module
+    bridge_detach, state absent). The cables' addresses must be gone first (peer_link, state absent)."""
+    p = module.params
+    run = runner(module)
+    record = load_record(module)
+    files = linux_persist.FileSet()
+    commands: list[list[str]] = []
+    notes: list[str] = []
+    try:
+        if platform.system() == "Darwin":
+            return bridge_undo_darwin(module, run, record)
+        all_links = linux_net.links(run)
+        addrs = linux_net.addresses(run)
+        mgmt = find_management_interface(module, run, darwin=False)
+        left = host_record.pool_addresses(all_links, addrs, p["pool"], mgmt)
+        if left:
+            cables_first(
+                module,
+                notes,
+                "the cables' addresses are still on "
+                + ", ".join(f"{port} ({', '.join(a)})" for port, a in sorted(left.items())),
+            )
+        manager = linux_persist.module_manager(module, run)
+        nm_own = host_record.nm_own_profiles(run) if module.get_bin_path("nmcli") else []
+        own = host_record.networkd_own_files(p["networkd_dir"])
+        refuse_without_record(
+            module, record, host_record.linux_own_configuration(p["networkd_dir"], nm_own), "discovery undo"
+        )
+        if host_record.trusted(record):
+            plan = host_record.plan_bridge_undo(all_links, addrs, record or {}, mgmt)
+            if plan["refused"]:
+                module.fail_json(msg=plan["refused"], changed=False)
+            commands = plan["commands"]
+            notes += plan["notes"]
+        elif own or nm_own:
+            notes.append("own_only: meshkit's configuration removed; the peer ports stay as they are now")
+        for path in own:
+            files.wanted[path] = None
+        if nm_own or (manager == "networkmanager" and host_record.trusted(record)):
+            commands += host_record.nm_undo_commands(run, record if host_record.trusted(record) else None)
+    except (linux_net.NetError, macos.MacError, RuntimeError) as exc:
+        module.fail_json(msg=str(exc))
+    file_changes = files.changes()
+    gone = host_record.leftovers(p["state_dir"], record)
+    result: dict[str, Any] = {
+        "changed": bool(commands or file_changes or gone),
+        "commands": commands,
+        "notes": notes,
+        "files": [c["path"] for c in file_changes],
+        "removed": gone,
+        "management_interface": mgmt,
+    }
+    if result["changed"]:
+        before, after = file_diff(file_changes)
+        before += "".join(f"--- {g}\n" for g in gone)
+        after = "".join(" ".join(c) + "\n" for c in commands) + after
+        result["diff"] = {"before": before, "after": after}
+    apply(module, run, commands)
+    linux_persist.module_write(module, run, files, file_changes)
+    if not module.check_mode:
+        host_record.remove(gone)
+    return result
+
+
+def cables_first(module: Any, notes: list[str], what: str) -> None:
+    """The bridge's undo waits for the cables' (peer_link, state absent): refuse while their configuration is
+    still there. In check mode, where the cables' undo before it in the same play only said what it would
+    do, note it instead."""
+    if module.check_mode:
+        notes.append(f"{what}: a real run refuses unless the peer_network role's undo runs first (teardown.yml does)")
+        return
+    module.fail_json(
+        msg=f"{what}: take them off first (the peer_network role with state absent), then put the ports back into "
+        "the bridge. Nothing was changed",
+        changed=False,
+    )
+
+
+def bridge_undo_darwin(module: Any, run, record: dict[str, Any] | None) -> dict[str, Any]:
+    """bridge_undo on a Mac: bridge0's members, its saved member list and its service back as recorded
+    (macos.plan_bridge_undo), then the record. The cables' services and routes must be gone first."""
+    p = module.params
+    mgmt = find_management_interface(module, run, darwin=True)
+    commands: list[list[str]] = []
+    notes: list[str] = []
+    left = macos.meshkit_present(run, p["pool"]) if p["pool"] else []
+    if left:
+        cables_first(module, notes, f"meshkit's cable configuration is still here ({'; '.join(left)})")
+    if host_record.trusted(record):
+        plan = macos.plan_bridge_undo(run, record, p["bridge"], p["service"], mgmt)
+        if plan["refused"]:
+            module.fail_json(msg=plan["refused"], changed=False)
+        commands = plan["commands"]
+        notes += plan["notes"]
+    elif record is not None:
+        # Nothing of meshkit's own is on a Mac's bridge side: without a usable record nothing is restored,
+        # and nothing guessed.
+        notes.append(
+            f"{host_record.path(p['state_dir'])} was taken while meshkit's configuration was already here: "
+            f"{p['bridge']} was not restored; see {host_record.RUNBOOK}"
+        )
+    gone = host_record.leftovers(p["state_dir"], record)
+    result: dict[str, Any] = {
+        "changed": bool(commands or gone),
+        "commands": commands,
+        "notes": notes,
+        "files": [],
+        "removed": gone,
+        "management_interface": mgmt,
+    }
+    if result["changed"]:
+        result["diff"] = {
+            "before": "".join(f"--- {g}\n" for g in gone),
+            "after": "".join(" ".join(c) + "\n" for c in commands),
+        }
+    apply(module, run, commands)
+    if not module.check_mode:
+        host_record.remove(gone)
     return result
 
 
@@ -474,21 +713,29 @@ def rdma_facts(module: Any) -> dict[str, Any]:
 # ---- peer_link -----------------------------------------------------------------------------------
 
 LINK_ARGS: dict[str, dict[str, Any]] = {
-    "ports": {"type": "list", "elements": "dict", "required": True},
+    "ports": {"type": "list", "elements": "dict"},
     "pool": {"type": "str", "required": True},
     "peer_ports": {"type": "list", "elements": "str", "default": []},
     "mtu": {"type": "int"},
+    "bridge": {"type": "str"},
     **MANAGEMENT_ARGS,
     **linux_persist.PERSIST_ARGS,
+    **UNDO_ARGS,
 }
 
 
 def peer_link(module: Any) -> dict[str, Any]:
-    """Give every cable end its address, host route and MTU (module peer_link)."""
+    """Give every cable end its address, host route and MTU (module peer_link); with state absent, take
+    them off again (links_undo)."""
     p = module.params
+    if p["state"] == "absent":
+        return links_undo(module)
+    if p["ports"] is None:
+        module.fail_json(msg="ports is required with state present: this host's entries of the plan (per_host)")
     run = runner(module)
     notes: list[str] = []
     files = linux_persist.FileSet()
+    kept: dict[str, Any] = {"changed": False}
     persistence = "network services set with networksetup persist across reboots"
     try:
         if platform.system() == "Darwin":
@@ -496,11 +743,15 @@ def peer_link(module: Any) -> dict[str, Any]:
             plan = macos.plan_peer_links(run, p["ports"], p["mtu"], mgmt)
             if plan["refused"]:
                 module.fail_json(msg=plan["refused"], changed=False, commands=[])
+            kept = keep_record_darwin(module, run, p["bridge"] or "bridge0", BRIDGE_ARGS["service"]["default"], mgmt)
             commands, notes, persistence = plan["commands"], plan["notes"], plan["persistence"]
         else:
             all_links = linux_net.links(run)
             addrs = linux_net.addresses(run)
             mgmt = find_management_interface(module, run, darwin=False)
+            manager = linux_persist.module_manager(module, run)
+            planned = [x["port"] for x in p["ports"] if x.get("port")]
+            kept = keep_record(module, run, manager, p["bridge"], [*p["peer_ports"], *planned], mgmt)
             commands, notes = linux_net.plan_peer_links(
                 all_links,
                 addrs,
@@ -511,7 +762,6 @@ def peer_link(module: Any) -> dict[str, Any]:
                 mgmt,
                 linux_net.routes_by_device(run),
             )
-            manager = linux_persist.module_manager(module, run)
             persistence = linux_persist.describe(manager)
             if manager == "networkd":
                 for port in p["ports"]:
@@ -525,16 +775,77 @@ def peer_link(module: Any) -> dict[str, Any]:
         module.fail_json(msg=str(exc))
     file_changes = files.changes()
     result = {
-        "changed": bool(commands or file_changes),
+        "changed": bool(commands or file_changes or kept["changed"]),
+        "record": kept.get("path"),
         "commands": commands,
         "notes": notes,
         "persistence": persistence,
         "files": [c["path"] for c in file_changes],
     }
-    if commands or file_changes:
-        before = "".join(f"--- {c['path']}\n{c['before']}" for c in file_changes)
-        after = "".join(" ".join(c) + "\n" for c in commands)
-        after += "".join(f"+++ {c['path']}\n{c['after']}" for c in file_changes)
+    if result["changed"]:
+        before, after = record_diff(kept)
+        files_before, files_after = file_diff(file_changes)
+        after += "".join(" ".join(c) + "\n" for c in commands)
+        result["diff"] = {"before": before + files_before, "after": after + files_after}
+    apply(module, run, commands)
+    linux_persist.module_write(module, run, files, file_changes)
+    return result
+
+
+def links_undo(module: Any) -> dict[str, Any]:
+    """Take the cables' addresses (the pool's) and host routes off the peer ports, give each port back
+    the MTU and up/down state the host's record holds, remove meshkit's address drop-ins (networkd) or
+    profile addresses (NetworkManager) (module peer_link, state absent). The record stays: the bridge's
+    undo (bridge_detach, state absent) reads it and removes it last."""
+    p = module.params
+    run = runner(module)
+    record = load_record(module)
+    files = linux_persist.FileSet()
+    commands: list[list[str]] = []
+    try:
+        if platform.system() == "Darwin":
+            mgmt = find_management_interface(module, run, darwin=True)
+            refuse_without_record(module, record, macos.meshkit_present(run, p["pool"]), "peer_network undo")
+            plan = macos.plan_links_undo(run, record if host_record.trusted(record) else None, p["pool"], mgmt)
+            if plan["refused"]:
+                module.fail_json(msg=plan["refused"], changed=False)
+            result = {"changed": bool(plan["commands"]), "commands": plan["commands"], "notes": plan["notes"]}
+            if plan["commands"]:
+                result["diff"] = {"before": "", "after": "".join(" ".join(c) + "\n" for c in plan["commands"])}
+            apply(module, run, plan["commands"])
+            return result
+        all_links = linux_net.links(run)
+        addrs = linux_net.addresses(run)
+        mgmt = find_management_interface(module, run, darwin=False)
+        owned = host_record.pool_addresses(all_links, addrs, p["pool"], mgmt)
+        dropins = [f for f in host_record.networkd_own_files(p["networkd_dir"]) if f.endswith(".conf")]
+        nm_own = host_record.nm_own_profiles(run) if module.get_bin_path("nmcli") else []
+        what = [f"{port}: {', '.join(a)}" for port, a in sorted(owned.items())] + dropins
+        refuse_without_record(module, record, what, "peer_network undo")
+        plan = host_record.plan_links_undo(all_links, addrs, linux_net.routes_by_device(run), record, p["pool"], mgmt)
+        if plan["refused"]:
+            module.fail_json(msg=plan["refused"], changed=False)
+        commands = plan["commands"]
+        for path in dropins:
+            files.wanted[path] = None
+        for name in nm_own:
+            have = linux_persist.nm_settings(run, name, ["ipv4.method"])
+            if have.get("ipv4.method") not in (None, "", "disabled"):
+                unset = ["ipv4.method", "disabled", "ipv4.addresses", "", "ipv4.routes", ""]
+                commands.append(["nmcli", "connection", "modify", name, *unset])
+    except (linux_net.NetError, macos.MacError, RuntimeError) as exc:
+        module.fail_json(msg=str(exc))
+    file_changes = files.changes()
+    result: dict[str, Any] = {
+        "changed": bool(commands or file_changes),
+        "commands": commands,
+        "notes": plan["notes"],
+        "files": [c["path"] for c in file_changes],
+        "removed_addresses": owned,
+    }
+    if result["changed"]:
+        before, after = file_diff(file_changes)
+        after = "".join(" ".join(c) + "\n" for c in commands) + after
         result["diff"] = {"before": before, "after": after}
     apply(module, run, commands)
     linux_persist.module_write(module, run, files, file_changes)
@@ -687,18 +998,34 @@ def write_hostfiles(module: Any) -> dict[str, Any]:
 
 DIRECTORY_ARGS: dict[str, dict[str, Any]] = {
     "path": {"type": "path", "required": True},
-    "mode": {"type": "raw", "required": True},
+    "mode": {"type": "raw"},
     "owner": {"type": "str", "default": "root"},
+    "state": {"type": "str", "default": "directory", "choices": ["directory", "absent"]},
 }
 
 
 def directory(module: Any) -> dict[str, Any]:
     """A directory at ``path`` with ``mode`` (octal string or int) owned by ``owner`` (as
-    ansible.builtin.file state=directory does it, parents made 0755)."""
+    ansible.builtin.file state=directory does it, parents made 0755); state absent: no such directory
+    (removed with everything in it)."""
     import pwd
+    import shutil
 
     p = module.params
     path = p["path"]
+    if p["state"] == "absent":
+        exists = os.path.lexists(path)
+        if exists and not module.check_mode:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        result = {"changed": exists, "path": path, "state": "absent"}
+        if exists:
+            result["diff"] = {"before": f"{path}: present\n", "after": f"{path}: absent\n"}
+        return result
+    if p["mode"] is None:
+        module.fail_json(msg=f"{path}: mode is required with state directory")
     mode = int(p["mode"], 8) if isinstance(p["mode"], str) else int(p["mode"])
     try:
         uid = pwd.getpwnam(p["owner"]).pw_uid

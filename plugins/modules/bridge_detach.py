@@ -17,6 +17,11 @@ description:
     C(Thunderbolt Bridge) network service is disabled; both are saved, so the ports stay out of the bridge after
     a reboot.
   - Refuses, with no change at all, when the management connection runs over the bridge or one of its members.
+  - With O(state=absent) (undo), puts every port back into the bridge it was in as the host's record says (Linux -
+    C(ip link set dev X master bridge0), with the IPv6 address generation and link-local addresses it had, each
+    bridge up or down as it was), removes meshkit's networkd files or NetworkManager profiles, then the record.
+    Refuses while the cables' addresses (from O(pool)) are still on a port - undo those first
+    (M(meshkit.cluster.peer_link) with O(state=absent)).
   - On Linux the change is made at runtime with C(ip) and persisted through systemd-networkd or NetworkManager
     where the host runs one (O(persist)); the result's C(persistence) says which.
 version_added: 0.1.0
@@ -24,6 +29,7 @@ author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
   - meshkit.cluster.management
+  - meshkit.cluster.undo
 attributes:
   check_mode:
     support: full
@@ -56,6 +62,9 @@ options:
     description: Directory of systemd-networkd files.
     type: path
     default: /etc/systemd/network
+  pool:
+    description: With O(state=absent) - the cables' address pool; undo refuses while a port has one of its addresses.
+    type: str
 """
 
 EXAMPLES = r"""
@@ -91,6 +100,15 @@ persistence:
 notes:
   description: What could not be made to survive a reboot on this host, and why.
   returned: always
+  type: list
+  elements: str
+record:
+  description: The host's record (C(<state_dir>/record.json)); null without O(state_dir).
+  returned: O(state=present)
+  type: str
+removed:
+  description: With O(state=absent) - what was removed last (the record, and the state directory where setup made it).
+  returned: O(state=absent)
   type: list
   elements: str
 """

@@ -22,7 +22,8 @@ description:
     or null, not read.
   - 4. O(hostfiles) (M(meshkit.cluster.hostfiles)) writes this host's hostfiles; where step 3 ran, this
     host's NCCL environment in them is the one it read.
-  - 5. O(directories) are made (owner and mode), as M(ansible.builtin.file) with C(state=directory) would.
+  - 5. O(directories) are made (owner and mode), as M(ansible.builtin.file) with C(state=directory) would, or
+    removed with everything in them (C(state=absent)).
   - A step that fails fails the module, naming the step (RV(step)); the steps after it do not run.
 version_added: 0.9.0
 author: meshkit contributors (@meshkit)
@@ -50,7 +51,9 @@ options:
     description: The options of M(meshkit.cluster.hostfiles); left out or null, none are written.
     type: dict
   directories:
-    description: Directories to make, each C(path), C(mode) (octal string) and C(owner) (default root).
+    description:
+      - Directories to make, each C(path), C(mode) (octal string) and C(owner) (default root); or to remove, each
+        C(path) and C(state=absent).
     type: list
     elements: dict
     default: []
@@ -126,7 +129,7 @@ def main() -> None:
         ports = None
         if p["links"] is not None:
             out["links"] = run.step("links", steps.LINK_ARGS, p["links"], steps.peer_link)
-            ports = p["links"]["ports"]
+            ports = p["links"].get("ports")
         # A cable end addressed just now: its peer may not have its own address yet (every host runs this
         # at once), so the caller pings again once every host is done; no ping here that would only wait.
         out["reping"] = bool(out.get("links", {}).get("changed")) and not module.check_mode

@@ -19,6 +19,8 @@ description:
     have left theirs - the caller runs this module again, without O(bridge), on every host.
   - 3. O(rdma) (M(meshkit.cluster.rdma_facts)) reads RDMA on the ports discovery saw a peer on, with the
     Thunderbolt generations discovery read; sets the fact C(meshkit_rdma). Only where step 2 ran.
+  - With C(state=absent) in O(bridge) (undo), only step 1 runs - it puts the ports back into the bridge as the
+    host's record says - and O(discover) is left out.
   - A step that fails fails the module, naming the step (RV(step)); the steps after it do not run.
 version_added: 0.9.0
 author: meshkit contributors (@meshkit)
@@ -35,9 +37,8 @@ options:
       - The options of M(meshkit.cluster.bridge_detach). Left out or null, the bridge is not touched.
     type: dict
   discover:
-    description: The options of M(meshkit.cluster.discover).
+    description: The options of M(meshkit.cluster.discover). Required unless O(bridge) has C(state=absent).
     type: dict
-    required: true
   rdma:
     description:
       - The options of M(meshkit.cluster.rdma_facts) but O(meshkit.cluster.rdma_facts#module:ports) and
@@ -73,7 +74,7 @@ rdma:
   returned: unless RV(rediscover)
   type: dict
 rediscover:
-  description: The bridge step changed something, so discovery did not run (see above).
+  description: The bridge step changed something, so discovery did not run (see above); false on undo.
   returned: success
   type: bool
 step:
@@ -90,7 +91,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "bridge": {"type": "dict"},
-            "discover": {"type": "dict", "required": True},
+            "discover": {"type": "dict"},
             "rdma": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
@@ -99,8 +100,14 @@ def main() -> None:
 
     def body(run: steps.Run) -> None:
         out = run.out
+        undo = (p["bridge"] or {}).get("state") == "absent"
+        if p["discover"] is None and not undo:
+            module.fail_json(msg="discover is required unless bridge has state absent (undo)")
         if p["bridge"] is not None:
             out["bridge"] = run.step("bridge", steps.BRIDGE_ARGS, p["bridge"], steps.bridge_detach)
+        if undo:
+            out["rediscover"] = False
+            return
         # A port that leaves a bridge now is discovered once every host's ports have left theirs (a peer
         # still bridged answers nothing): the caller runs discovery again, without the bridge step.
         out["rediscover"] = bool(out.get("bridge", {}).get("changed"))

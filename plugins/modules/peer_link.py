@@ -16,12 +16,17 @@ description:
     hardware port) set to a manual address with no router (C(networksetup -setmanual)), and the MTU
     (C(networksetup -setMTU)); both are saved and come back at boot, with the port's /30. A host route to the peer
     out of that port (C(route add -host)) is runtime only; C(notes) says so whenever one is added.
+  - With O(state=absent) (undo) - takes the pool's addresses and the host routes to peers off every peer port,
+    gives each port back the MTU and up/down state the host's record holds, and removes meshkit's address drop-ins
+    (networkd) or profile addresses (NetworkManager). The record stays, for the bridge's undo
+    (M(meshkit.cluster.bridge_detach) with O(state=absent)).
   - Never touches the management interface.
 version_added: 0.1.0
 author: meshkit contributors (@meshkit)
 extends_documentation_fragment:
   - meshkit.cluster.attributes
   - meshkit.cluster.management
+  - meshkit.cluster.undo
 attributes:
   check_mode:
     support: full
@@ -29,10 +34,11 @@ attributes:
     support: full
 options:
   ports:
-    description: This host's C(per_host) entries of the plan (port, address, prefix, peer_address, ...).
+    description:
+      - This host's C(per_host) entries of the plan (port, address, prefix, peer_address, ...).
+      - Required with O(state=present).
     type: list
     elements: dict
-    required: true
   pool:
     description: The address pool of the plan; only its addresses are ever removed.
     type: str
@@ -58,6 +64,9 @@ options:
     description: Directory of systemd-networkd files.
     type: path
     default: /etc/systemd/network
+  bridge:
+    description: The bridge the peer ports start in, for the host's record (its state before the first change).
+    type: str
 """
 
 EXAMPLES = r"""
@@ -82,6 +91,14 @@ notes:
   returned: always
   type: list
   elements: str
+record:
+  description: The host's record (C(<state_dir>/record.json)); null without O(state_dir).
+  returned: O(state=present)
+  type: str
+removed_addresses:
+  description: With O(state=absent) - per port, the pool's addresses taken off (or, in check mode, to be).
+  returned: O(state=absent)
+  type: dict
 """
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.meshkit.cluster.plugins.module_utils import host_steps as steps

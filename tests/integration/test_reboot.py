@@ -10,6 +10,8 @@ import ipaddress
 import json
 import os
 import re
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,19 +26,77 @@ PROGRAMS = Path(__file__).parent / "programs"
 REAL = {"lab_access": "sudo", "lab_names": True, "lab_network_daemon": "networkd"}
 
 
+FACTORY: dict[str, dict[str, Any]] = {}  # every host of the module's lab as built, before setup.yml
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabHandle, Path]]:
-    """A 4-host ring, sudo + names + networkd, converged by setup.yml (as the login user, with become)."""
+    """A 4-host ring, sudo + names + networkd, converged by setup.yml (as the login user, with become); what
+    every host had before setup.yml is kept in FACTORY (for the undo tests at the end)."""
     handle = new_lab(tag="r", lab_size=4, lab_shape="ring", **REAL)
     artifacts = tmp_path_factory.mktemp("reboot-artifacts")
     try:
         built = handle.up()
         assert built.rc == 0, built.output
+        FACTORY.clear()
+        FACTORY.update({host: snapshot(handle, host) for host in handle.hosts()})
         run = setup(handle, artifacts)
         assert run.rc == 0, run.output
         yield handle, artifacts
     finally:
         drop_lab(handle)
+
+
+def snapshot(handle: LabHandle, host: str) -> dict[str, Any]:
+    """What undo must give back, as the kernel and the host's disk show it: `ip -j link`, `ip -j addr` and
+    `ip -j route` less counters and what the kernel assigns anew (interface indexes, address lifetimes, the
+    peer's namespace id), the systemd-networkd directory, meshkit's state directory."""
+    ns = netns(handle, host)
+    links = {
+        link["ifname"]: {k: v for k, v in link.items() if k not in ("ifindex", "link_index", "link_netnsid", "link")}
+        for link in ip_json("-n", ns, "link", "show")
+    }
+    addrs = {
+        a["ifname"]: sorted(
+            (i["family"], i["local"], i["prefixlen"], i.get("scope"), i.get("broadcast", "")) for i in a["addr_info"]
+        )
+        for a in ip_json("-n", ns, "addr", "show")
+    }
+    routes = sorted(json.dumps(r, sort_keys=True) for r in ip_json("-n", ns, "route", "show"))
+    root = Path(f"/proc/{holders(handle)[host]}/root")
+    base = root / "etc/systemd/network"
+    network = {str(p.relative_to(base)): p.read_text() for p in sorted(base.rglob("*")) if p.is_file()}
+    state = sorted(str(p.relative_to(root)) for p in (root / "var/lib/meshkit").iterdir())
+    return {"link": links, "addr": addrs, "route": routes, "networkd": network, "state_dir": state}
+
+
+def differences(want: dict[str, Any], have: dict[str, Any]) -> list[str]:
+    out = []
+    for part, wanted in want.items():
+        got = have[part]
+        if wanted == got:
+            continue
+        if isinstance(wanted, dict):
+            out += [
+                f"{part} {key}: {wanted.get(key)} != {got.get(key)}"
+                for key in sorted(set(wanted) | set(got))
+                if wanted.get(key) != got.get(key)
+            ]
+        else:
+            out.append(f"{part}: {wanted} != {got}")
+    return out
+
+
+def wait_for_factory(handle: LabHandle, timeout: float = 90.0) -> dict[str, list[str]]:
+    """Wait until every host is as it was before setup.yml (a bridge port forwards, and the bridge gets its
+    link-local address, only once STP has passed it through listening and learning); what still differs
+    per host at the deadline (empty: every host is back)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {h: d for h in FACTORY if (d := differences(FACTORY[h], snapshot(handle, h)))}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def setup(handle: LabHandle, artifacts: Path) -> Any:
@@ -163,6 +223,86 @@ def test_setup_after_the_reboot_changes_nothing_and_a_launch_works(lab):
     assert summary["ok"], summary
     assert [(r["rank"], r["state"], r["exit_code"]) for r in summary["ranks"]] == [(r, "ok", 0) for r in range(4)]
     assert re.search(r"meshccl rank \d/4 on node2: all_reduce exact", run.output), run.output
+
+
+class ManagementWatch:
+    """Watches every host's management link from the machine while a playbook runs (no Ansible, no SSH):
+    each moment mgmt0 is not up with carrier and its address is noted."""
+
+    def __init__(self, handle: LabHandle) -> None:
+        self.hosts = {h: (netns(handle, h), FACTORY[h]["addr"]["mgmt0"]) for h in handle.hosts()}
+        self.lapses: list[str] = []
+        self.looks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for host, (ns, ip) in self.hosts.items():  # ip: mgmt0's addresses before setup
+                link = (ip_json("-n", ns, "addr", "show", "dev", "mgmt0") or [{}])[0]
+                flags = link.get("flags", [])
+                have = sorted(
+                    (i["family"], i["local"], i["prefixlen"], i.get("scope"), i.get("broadcast", ""))
+                    for i in link.get("addr_info", [])
+                )
+                if "UP" not in flags or "LOWER_UP" not in flags or have != ip:
+                    self.lapses.append(f"{host}: mgmt0 flags {flags}, addresses {have}")
+            self.looks += 1
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> ManagementWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def teardown(handle: LabHandle, *extra: str) -> Any:
+    return run_playbook("teardown.yml", *extra, inventory=str(handle.inventory))
+
+
+def test_undo_check_mode_names_every_change_and_changes_nothing(lab):
+    handle, _artifacts = lab
+    converged = {h: snapshot(handle, h) for h in FACTORY}
+    run = teardown(handle, "--check", "--diff")
+    assert run.rc == 0, run.output
+    assert run.changed > 0
+    for host in FACTORY:
+        assert differences(converged[host], snapshot(handle, host)) == [], host
+    # The exact commands, per host: the cables' addresses, then each port back into bridge0.
+    assert re.search(r"ip addr del 198\.18\.\d+\.\d+/30 dev tb0", run.output), run.output
+    assert "ip link set dev tb0 master bridge0" in run.output
+    assert "00-meshkit-tb0.network" in run.output and "record.json" in run.output
+
+
+def test_undo_gives_every_host_back_what_it_had_before_setup(lab):
+    handle, _artifacts = lab
+    with ManagementWatch(handle) as watch:
+        run = teardown(handle)
+    assert run.rc == 0, run.output
+    assert set(run.recap) == set(FACTORY)
+    assert watch.looks > 0 and watch.lapses == []
+    # ip link, addr and route, the networkd directory and meshkit's state directory: as before setup.yml.
+    assert wait_for_factory(handle) == {}
+    for host in FACTORY:
+        assert bridge_members(handle, host) == ["tb0", "tb1"]
+    hello = handle.ansible("-b", "-m", "ansible.builtin.command", "-a", "id -un")
+    assert hello.returncode == 0 and hello.stdout.count("root") == 4, hello.stdout + hello.stderr
+
+    again = teardown(handle)
+    assert again.rc == 0, again.output
+    assert again.changed == 0, again.output
+
+
+def test_a_reboot_after_undo_brings_back_none_of_meshkits_configuration(lab):
+    handle, _artifacts = lab
+    reboot(handle, "node2")
+    assert wait_for_factory(handle) == {}
+    assert bridge_members(handle, "node2") == ["tb0", "tb1"]
+    assert ipv4(handle, "node2")["tb0"] == [] and ipv4(handle, "node2")["tb1"] == []
+    assert settled_state(handle) == {}
 
 
 def test_a_runtime_only_configuration_is_lost_by_the_same_reboot():

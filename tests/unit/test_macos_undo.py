@@ -815,3 +815,64 @@ def test_no_undo_command_names_the_management_interface(tmp_path, planner, mgmt)
             planned += len(plan["commands"])
     if mgmt in ("en0", "en10", "bridge100"):  # neither a cable port nor the bridge: undo has work to do
         assert planned > 0
+
+
+# ---- through the modules: setup keeps the record, undo reads it ---------------------------------
+def test_the_modules_record_the_mac_then_undo_puts_it_back_and_a_second_undo_changes_nothing(tmp_path, monkeypatch):
+    """bridge_detach and peer_link as setup.yml runs them (state_dir given: the record is kept before the first
+    change), then with state absent as teardown.yml runs them, on the model Mac: the record written is the
+    factory record, undo puts the factory Mac back, removes the record, and a second undo changes nothing."""
+    import platform
+
+    from ansible.module_utils import basic
+    from ansible.module_utils.testing import patch_module_args
+    from ansible_collections.meshkit.cluster.plugins.modules import bridge_detach, peer_link
+
+    from .module_harness import Exit, patch_exits
+
+    mac = sonoma(tmp_path)
+    factory = mac.state()
+    state_dir = tmp_path / "meshkit"
+    monkeypatch.setattr(macos, "PREFERENCES", str(mac.prefs_path))
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    monkeypatch.delenv("SSH_CONNECTION", raising=False)
+    patch_exits(monkeypatch)
+
+    def run_command(_self, argv, **_kw):
+        if list(argv) == ["ifconfig"]:  # the management check reads every interface
+            return 0, SONOMA_IFCONFIG, ""
+        return mac.run(list(argv))
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+
+    def module(which, args, check=False):
+        with patch_module_args({**args, "_ansible_check_mode": check}), pytest.raises(Exit) as info:
+            which.main()
+        return info.value.args[0]
+
+    common = {"management_interface": "en0", "state_dir": str(state_dir)}
+    module(bridge_detach, common)
+    record = json.loads((state_dir / "record.json").read_text())
+    assert {k: record[k] for k in FACTORY_RECORD if k != "version"} == {
+        k: v for k, v in FACTORY_RECORD.items() if k != "version"
+    }
+    assert record["platform"] == "Darwin" and record["management_interface"] == "en0"
+    module(peer_link, {**common, "ports": SONOMA_CABLES, "pool": POOL, "mtu": 9000})
+    assert json.loads((state_dir / "record.json").read_text()) == record  # the first record is kept
+    assert mac.state() != factory
+
+    undo_args = {**common, "state": "absent", "pool": POOL}
+    mac.mutations.clear()
+    shown = module(peer_link, undo_args, check=True)
+    assert shown["changed"] and shown["commands"] == LINKS_UNDO and mac.mutations == []  # --check: shown, not run
+    links = module(peer_link, undo_args)
+    assert links["commands"] == LINKS_UNDO and mac.mutations == LINKS_UNDO
+    bridge = module(bridge_detach, undo_args)
+    assert bridge["commands"] == bridge_undo(mac.prefs_path)
+    assert bridge["removed"] == [str(state_dir / "record.json"), str(state_dir)]
+    assert mac.state() == factory and not state_dir.exists()
+
+    mac.mutations.clear()
+    assert module(peer_link, undo_args)["changed"] is False
+    assert module(bridge_detach, undo_args)["changed"] is False
+    assert mac.mutations == []

@@ -356,6 +356,7 @@ def test_peer_link_after_a_reboot_changes_nothing(mac):
         "notes": [],
         "persistence": macos.PEER_LINK_PERSISTENCE,
         "files": [],
+        "record": None,
     }
 
 
