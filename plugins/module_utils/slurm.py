@@ -23,6 +23,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+# Every file the role writes says so in its first line: the role's slurm_state: absent removes exactly the files
+# that do (roles/slurm/vars/main.yml, slurm_mark), and leaves a slurm.conf of anyone else's.
+WRITTEN_BY = "written by the meshkit.cluster.slurm role"
+
 HARDWARE_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
 
 # Slurm's node and switch names: what hostlist expressions can carry.
@@ -131,7 +135,7 @@ def topology_tree(plan: dict[str, Any], hosts: list[str]) -> tuple[list[tuple[st
 
 def topology_conf(switches: list[tuple[str, list[str], list[str]]], how: str, cluster: str) -> str:
     lines = [
-        f"# Slurm topology of meshkit cluster {cluster}: written by the meshkit.cluster.slurm role from plan.json.",
+        f"# Slurm topology of meshkit cluster {cluster}: {WRITTEN_BY} from plan.json.",
         f"# {how}.",
         "# topology/tree: a job is placed under the lowest switch that holds enough nodes.",
     ]
@@ -174,7 +178,7 @@ def slurm_conf(
             + ": slurmd finds its node by that name; give each host its own (hostnamectl set-hostname)"
         )
     lines = [
-        f"# Slurm configuration of meshkit cluster {cluster}: written by the meshkit.cluster.slurm role.",
+        f"# Slurm configuration of meshkit cluster {cluster}: {WRITTEN_BY}.",
         "# Every host has the same file; a change here is made in the inventory and setup.yml runs again.",
         f"ClusterName={slurm_name(cluster)}",
         f"SlurmctldHost={controller_hostname}({controller_addr})",

@@ -1979,3 +1979,76 @@ def test_slurm_through_launch_yml(lab):
         launch_timeout=120,
     )
     assert rc != 0 and f"rank 6 ({ring[3]}) exited with exit code 4 (reported by srun" in output, output
+
+
+MUNGE_KEY = "/etc/munge/munge.key"
+
+
+# The last test of this module (pytest keeps file order): every Slurm test above needs Slurm.
+def test_slurm_state_absent_takes_slurm_away_and_a_second_run_changes_nothing(lab):
+    """The slurm role with slurm_state: absent over the compute nodes and the head node (as a teardown
+    runs it). --check --diff first names every daemon that would stop and changes nothing; the run then
+    stops every Slurm daemon of every lab host (each has its own processes and Slurm/munge directories)
+    and removes the role's files, the munge key, slurmctld's and slurmd's state and the controller's copy
+    of the key; the logs stay. A second run, and a second --check --diff, change nothing."""
+    handle, artifacts = lab
+    nodes = sorted(handle.hosts())
+    playbook = artifacts / "slurm-absent.yml"
+    role_vars = {
+        "slurm_state": "absent",
+        "slurm_controller": HEAD,
+        "slurm_nodes": nodes,
+        "slurm_plan": {},
+        "slurm_secrets_dir": str(artifacts / "secrets"),
+    }
+    include = {"ansible.builtin.include_role": {"name": "meshkit.cluster.slurm"}, "vars": role_vars}
+    play = {"name": "Take Slurm away", "hosts": f"cluster:{HEAD}", "gather_facts": False, "become": True}
+    playbook.write_text(yaml.safe_dump([play | {"tasks": [{"name": "Take Slurm away"} | include]}], sort_keys=False))
+    pids = json.loads((handle.dir / "state.json").read_text())["holders"]
+    assert sorted(pids) == sorted([*nodes, HEAD]), pids
+
+    def in_host(host: str, command: str) -> str:
+        return sh("nsenter", "-t", str(pids[host]), "-m", "-p", "--", "sh", "-c", command).stdout
+
+    def daemons() -> dict[str, list[str]]:
+        return {h: in_host(h, "pgrep -l -x 'slurmd|slurmctld|munged' || true").split()[1::2] for h in pids}
+
+    running = {HEAD: ["slurmctld", "munged"], **{h: ["slurmd", "munged"] for h in nodes}}
+    assert {h: sorted(d) for h, d in daemons().items()} == {h: sorted(d) for h, d in running.items()}
+    # The lab's hosts share the machine's boot links (/etc/rc?.d): the role turns them off, this test puts
+    # them back as it found them (setup.yml's runs of other labs expect them on, as they leave them).
+    links = "ls /etc/rc?.d | grep -E '^[SK][0-9]+(munge|slurmd|slurmctld)$' | sort"
+    boot_links = sh("sh", "-c", links).stdout
+    try:
+        check = run_playbook(str(playbook), "--check", "--diff", inventory=str(handle.inventory))
+        assert check.rc == 0 and set(check.recap) == set(pids), check.output
+        assert task_lines(check.output, "meshkit.cluster.slurm : Stop Slurm's daemons") == sorted(
+            f"changed: [{h}] => (item={d})" for h, ds in running.items() for d in ds
+        ), check.output
+        for path in [f"/etc/slurm/{name}" for name in ("slurm.conf", "topology.conf", "mpi.conf")] + [MUNGE_KEY]:
+            gone = f"    path: {path}\n-    state: file\n+    state: absent"
+            assert check.output.count(gone) == len(pids), (path, check.output)
+        assert {h: sorted(d) for h, d in daemons().items()} == {h: sorted(d) for h, d in running.items()}
+        assert (artifacts / "secrets" / "munge.key").is_file()
+
+        run = run_playbook(str(playbook), inventory=str(handle.inventory))
+        assert run.rc == 0 and run.changed > 0, run.output
+        assert daemons() == {h: [] for h in pids}, run.output
+        # Each host's own Slurm and munge directories were empty before setup.yml: the packages' directories
+        # the role used stay (slurmctld's on the head, slurmd's on the nodes), empty.
+        for host in pids:
+            left = in_host(host, "find /etc/slurm /etc/munge /var/lib/slurm -mindepth 1").split()
+            assert left == ["/var/lib/slurm/slurmctld" if host == HEAD else "/var/lib/slurm/slurmd"], (host, left)
+            logs = in_host(host, "ls /var/log/slurm").split()
+            assert logs == (["slurmctld.log"] if host == HEAD else ["slurmd.log"]), (host, logs)
+        assert not (artifacts / "secrets").exists()
+
+        again = run_playbook(str(playbook), inventory=str(handle.inventory))
+        assert again.rc == 0 and set(again.recap) == set(pids) and again.changed == 0, again.output
+        check = run_playbook(str(playbook), "--check", "--diff", inventory=str(handle.inventory))
+        assert check.rc == 0 and check.changed == 0 and "--- before" not in check.output, check.output
+    finally:
+        for name in ("munge", "slurmd", "slurmctld"):
+            if f"S01{name}" in boot_links.split() and f"S01{name}" not in sh("sh", "-c", links).stdout.split():
+                sh("update-rc.d", name, "enable")
+        assert sh("sh", "-c", links).stdout == boot_links

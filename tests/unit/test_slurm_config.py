@@ -19,6 +19,7 @@ import pytest
 import yaml
 from ansible_collections.meshkit.cluster.plugins.module_utils.slurm import (
     HARDWARE_KEYS,
+    WRITTEN_BY,
     SlurmConfigError,
     parse_slurmd_c,
     slurm_conf,
@@ -459,6 +460,31 @@ def test_slurm_parses_the_slurm_conf_written_and_refuses_a_broken_one(module, tm
         (tmp_path / "slurm.conf").write_text(text)
         done = scontrol_parse(tmp_path)
         assert done.returncode != 0 or done.stderr, f"scontrol accepted a slurm.conf with {what}"
+
+
+def test_every_file_the_role_writes_carries_the_mark_its_undo_looks_for() -> None:
+    """slurm_state: absent removes exactly the files in /etc/slurm that carry the role's mark (its
+    find: those of slurm_files with a line holding slurm_mark, any case), and every one of them says so
+    in its first line: slurm.conf and topology.conf from here, mpi.conf from tasks/present.yml. A header
+    reworded on one side only would leave a file behind."""
+    role = ROOT / "roles" / "slurm"
+    role_vars = yaml.safe_load((role / "vars" / "main.yml").read_text())
+    assert role_vars["slurm_mark"] == WRITTEN_BY
+    tasks = yaml.safe_load((role / "tasks" / "present.yml").read_text())
+    setup = next(t for t in tasks if "block" in t)["block"]
+    written = {
+        Path(t["ansible.builtin.copy"]["dest"]).name: t["ansible.builtin.copy"]["content"]
+        for t in setup
+        if t.get("ansible.builtin.copy", {}).get("dest", "").startswith("/etc/slurm/")
+    }
+    assert sorted(written) == sorted(role_vars["slurm_files"])
+    texts = {
+        "slurm.conf": slurm_conf(**conf_args()),
+        "topology.conf": topology_conf(*topology_tree(RING4, NODES4), "lab"),
+        "mpi.conf": written["mpi.conf"],
+    }
+    for name, text in texts.items():
+        assert WRITTEN_BY.lower() in text.splitlines()[0].lower(), (name, text.splitlines()[0])
 
 
 # ---- the module, as Ansible runs it -------------------------------------------------------------
