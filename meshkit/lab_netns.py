@@ -69,6 +69,13 @@ HOST_OWN_DIRS = (
 )
 
 
+# The boot links of the machine's init scripts (sysvinit's runlevels, which `update-rc.d` and Ansible's
+# service module change when a service is enabled or disabled at boot): each host gets a copy of the
+# machine's, so enabling or disabling a service on one host (the slurm role does) leaves the machine and
+# every other host as they are.
+HOST_COPIED_DIRS = tuple(f"/etc/rc{level}.d" for level in (*"0123456", "S"))
+
+
 class LabError(RuntimeError):
     """A lab operation failed; the message names the command or host."""
 
@@ -547,7 +554,8 @@ class Lab:
         return self.host_dir(name) / "own"
 
     def _own_dirs(self, h: Host) -> list[list[str]]:
-        """Fresh per-host copies (empty, the machine's owner and mode) of HOST_OWN_DIRS: binds."""
+        """Fresh per-host copies of HOST_OWN_DIRS (empty, the machine's owner and mode) and of HOST_COPIED_DIRS
+        (with what the machine has in them): binds."""
         root = self.own_dirs_root(h.name)
         if root.exists():
             shutil.rmtree(root)
@@ -565,6 +573,12 @@ class Lab:
             own.mkdir()
             os.chown(own, st.st_uid, st.st_gid)
             own.chmod(stat.S_IMODE(st.st_mode))
+            binds.append([str(own), path])
+        for path in HOST_COPIED_DIRS:
+            if not os.path.isdir(path) or os.path.islink(path):
+                continue
+            own = root / path.strip("/").replace("/", "-")
+            shutil.copytree(path, own, symlinks=True)
             binds.append([str(own), path])
         return binds
 

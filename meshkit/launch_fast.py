@@ -41,7 +41,7 @@ from typing import Any
 from ansible_collections.meshkit.cluster.plugins.module_utils import hostfiles, linux_net, macos, meshccl_build
 from ansible_collections.meshkit.cluster.plugins.module_utils.defaults import DISCOVER_PORTS
 
-from meshkit import launch_connection
+from meshkit import launch_connection, topology
 from meshkit.launch_plan import host_preflight, make_job, preflight_problems, record_job, refusal, validate
 from meshkit.launch_settings import default
 from meshkit.launcher import agent_argv, agent_input
@@ -318,6 +318,17 @@ def stale_reasons(
     return out
 
 
+def plan_change(remembered: dict[str, Any], plan_record: str | None) -> str:
+    """ ": " and what setup.yml changed in the plan since it was remembered (hosts and cables added and
+    removed), or "" when that cannot be read or nothing of it changed."""
+    try:
+        current = json.loads(Path(plan_record or "").read_text())
+    except (OSError, ValueError):
+        return ""
+    changes = topology.plan_changes(remembered, current) if isinstance(current, dict) else []
+    return f": {'; '.join(changes)}" if changes else ""
+
+
 def prepare(
     record: dict[str, Any],
     settings_given: dict[str, Any],
@@ -327,7 +338,11 @@ def prepare(
     context, connections = record["context"], record["connections"]
     started = time.monotonic()
     if file_sha(context.get("plan_record") or "") != context.get("plan_sha"):
-        raise Stale(f"{context.get('plan_record')} changed since the last full check (setup.yml ran)")
+        raise Stale(
+            f"{context.get('plan_record')} changed since the last full check (setup.yml ran"
+            f"{plan_change(context['plan'], context.get('plan_record'))}); the job planned from the old plan is not "
+            "started"
+        )
     for host, conn in connections.items():
         why = launch_connection.still_valid(conn)
         if why:

@@ -539,13 +539,35 @@ def why_removed(removed: list[str], discovery: dict[str, list[dict[str, Any]]]) 
     return lines
 
 
+def cable_names(plan_dict: dict[str, Any]) -> set[str]:
+    """Every cable of a plan.json's content, named by its two ends ("node1:tb0 <-> node2:tb0")."""
+    names = set()
+    for c in plan_dict.get("cables", []):
+        a, b = c["ends"]
+        names.add(str(Cable.between(PortEnd(a["host"], a["port"]), PortEnd(b["host"], b["port"]))))
+    return names
+
+
 def cabling_changes(previous: dict[str, Any] | None, plan: Plan) -> dict[str, list[str]]:
     """Cables added and removed since the last recorded plan."""
     if not previous:
         return {"added": [], "removed": []}
-    before = set()
-    for c in previous.get("cables", []):
-        a, b = c["ends"]
-        before.add(str(Cable.between(PortEnd(a["host"], a["port"]), PortEnd(b["host"], b["port"]))))
+    before = cable_names(previous)
     now = {str(c) for c in plan.cables}
     return {"added": sorted(now - before), "removed": sorted(before - now)}
+
+
+def plan_changes(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between two plan.json contents, for people: hosts and cables added and removed."""
+    out = []
+    hosts_before, hosts_now = set(previous.get("hosts", [])), set(current.get("hosts", []))
+    cables_before, cables_now = cable_names(previous), cable_names(current)
+    for what, names in (
+        ("hosts added", hosts_now - hosts_before),
+        ("hosts removed", hosts_before - hosts_now),
+        ("cables added", cables_now - cables_before),
+        ("cables removed", cables_before - cables_now),
+    ):
+        if names:
+            out.append(f"{what} {', '.join(sorted(names))}")
+    return out

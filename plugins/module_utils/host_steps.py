@@ -477,7 +477,7 @@ DISCOVER_ARGS: dict[str, dict[str, Any]] = {
 REPLY = re.compile(r"\bfrom (fe80:[0-9a-fA-F:]+)%([^:\s]+):")
 
 
-def probe_linux(module: Any, ports: list[str], seconds: int) -> dict[str, str]:
+def probe_linux(module: Any, ports: list[str], seconds: int) -> tuple[dict[str, str], dict[str, set[str]]]:
     """Find who answers on every port (all at once), then resolve each answerer's MAC ourselves.
 
     First an IPv6 all-nodes ping bound to the port: its replies name the link-local address at the
@@ -487,7 +487,8 @@ def probe_linux(module: Any, ports: list[str], seconds: int) -> dict[str, str]:
     ping from a cache of its own without asking anything. One echo each, no interval: iputils ping
     refuses multicast intervals under 1 s to users other than root, and discovery runs as the login
     user. A port with no answer is asked once more (a single lost echo). Returns what went wrong
-    per port (ping's own error), for ports that could not be probed at all."""
+    per port (ping's own error), for ports that could not be probed at all, and per port the
+    link-local addresses that answered."""
     errors: dict[str, str] = {}
     answering: dict[str, set[str]] = {port: set() for port in ports}
     silent = list(ports)
@@ -516,7 +517,7 @@ def probe_linux(module: Any, ports: list[str], seconds: int) -> dict[str, str]:
         },
         timeout=seconds + 5,
     )
-    return errors
+    return errors, answering
 
 
 def wait_for_link_local(run, names: list[str], seconds: float) -> list[str]:
@@ -545,12 +546,13 @@ def discover_linux(module: Any, run, params: dict) -> tuple[list[dict], str | No
     candidates = port_rules.candidate_ports(all_links, params["peer_ports"], mgmt)
     probe = [p for p in candidates if not p.get("master") and "UP" in p.get("flags", [])]
     errors: dict[str, str] = {}
+    answering: dict[str, set[str]] = {}
     if probe:
         # Only ports with carrier will get a link-local address; an unplugged one is not waited for
         # (nor is its probe's failure news: it has no cable).
         carrier = [p["ifname"] for p in probe if port_rules.has_carrier(p)]
         wait_for_link_local(run, carrier, 10)
-        errors = probe_linux(module, carrier, params["probe_seconds"])
+        errors, answering = probe_linux(module, carrier, params["probe_seconds"])
     for port, why in sorted(errors.items()):
         module.warn(f"{port}: the probe could not run ({why}); what is cabled to it is not known")
     neigh = linux_net.neighbours(run)
@@ -558,11 +560,17 @@ def discover_linux(module: Any, run, params: dict) -> tuple[list[dict], str | No
     ports = []
     for link in candidates:
         name = link["ifname"]
+        # On a probed port, only the neighbours that answered this probe: the table may still hold hosts the
+        # port reached before (a cable moved, or a new host's bridge that joined two ports for a while).
+        answered = answering.get(name)
         seen = sorted(
             {
                 n["lladdr"].lower()
                 for n in neigh
-                if n.get("dev") == name and n.get("lladdr") and n["lladdr"].lower() not in own_macs
+                if n.get("dev") == name
+                and n.get("lladdr")
+                and n["lladdr"].lower() not in own_macs
+                and (answered is None or n.get("dst") in answered)
             }
         )
         speed = None

@@ -40,7 +40,7 @@ RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s
 # pytest-xdist with --dist loadgroup (make test: -n 2), one worker runs each such module whole, every
 # other test goes wherever a worker is free (pytest_xdist_make_scheduler below). They are collected
 # first, the longest first, so that they never start last.
-SHARED_LAB_MODULES = ("test_launch.py", "test_molecule.py", "test_reboot.py")
+SHARED_LAB_MODULES = ("test_launch.py", "test_molecule.py", "test_reboot.py", "test_lifecycle.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

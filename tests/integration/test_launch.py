@@ -2015,40 +2015,39 @@ def test_slurm_state_absent_takes_slurm_away_and_a_second_run_changes_nothing(la
 
     running = {HEAD: ["slurmctld", "munged"], **{h: ["slurmd", "munged"] for h in nodes}}
     assert {h: sorted(d) for h, d in daemons().items()} == {h: sorted(d) for h, d in running.items()}
-    # The lab's hosts share the machine's boot links (/etc/rc?.d): the role turns them off, this test puts
-    # them back as it found them (setup.yml's runs of other labs expect them on, as they leave them).
+    # Each lab host has its own boot links (/etc/rc?.d, a copy of the machine's), as each machine of a cluster
+    # does: the role turns the daemons off at boot on the hosts, never on this machine.
     links = "ls /etc/rc?.d | grep -E '^[SK][0-9]+(munge|slurmd|slurmctld)$' | sort"
     boot_links = sh("sh", "-c", links).stdout
-    try:
-        check = run_playbook(str(playbook), "--check", "--diff", inventory=str(handle.inventory))
-        assert check.rc == 0 and set(check.recap) == set(pids), check.output
-        assert task_lines(check.output, "meshkit.cluster.slurm : Stop Slurm's daemons") == sorted(
-            f"changed: [{h}] => (item={d})" for h, ds in running.items() for d in ds
-        ), check.output
-        for path in [f"/etc/slurm/{name}" for name in ("slurm.conf", "topology.conf", "mpi.conf")] + [MUNGE_KEY]:
-            gone = f"    path: {path}\n-    state: file\n+    state: absent"
-            assert check.output.count(gone) == len(pids), (path, check.output)
-        assert {h: sorted(d) for h, d in daemons().items()} == {h: sorted(d) for h, d in running.items()}
-        assert (artifacts / "secrets" / "munge.key").is_file()
+    check = run_playbook(str(playbook), "--check", "--diff", inventory=str(handle.inventory))
+    assert check.rc == 0 and set(check.recap) == set(pids), check.output
+    assert task_lines(check.output, "meshkit.cluster.slurm : Stop Slurm's daemons") == sorted(
+        f"changed: [{h}] => (item={d})" for h, ds in running.items() for d in ds
+    ), check.output
+    for path in [f"/etc/slurm/{name}" for name in ("slurm.conf", "topology.conf", "mpi.conf")] + [MUNGE_KEY]:
+        gone = f"    path: {path}\n-    state: file\n+    state: absent"
+        assert check.output.count(gone) == len(pids), (path, check.output)
+    assert {h: sorted(d) for h, d in daemons().items()} == {h: sorted(d) for h, d in running.items()}
+    assert (artifacts / "secrets" / "munge.key").is_file()
 
-        run = run_playbook(str(playbook), inventory=str(handle.inventory))
-        assert run.rc == 0 and run.changed > 0, run.output
-        assert daemons() == {h: [] for h in pids}, run.output
-        # Each host's own Slurm and munge directories were empty before setup.yml: the packages' directories
-        # the role used stay (slurmctld's on the head, slurmd's on the nodes), empty.
-        for host in pids:
-            left = in_host(host, "find /etc/slurm /etc/munge /var/lib/slurm -mindepth 1").split()
-            assert left == ["/var/lib/slurm/slurmctld" if host == HEAD else "/var/lib/slurm/slurmd"], (host, left)
-            logs = in_host(host, "ls /var/log/slurm").split()
-            assert logs == (["slurmctld.log"] if host == HEAD else ["slurmd.log"]), (host, logs)
-        assert not (artifacts / "secrets").exists()
+    run = run_playbook(str(playbook), inventory=str(handle.inventory))
+    assert run.rc == 0 and run.changed > 0, run.output
+    assert daemons() == {h: [] for h in pids}, run.output
+    # Each host's own Slurm and munge directories were empty before setup.yml: the packages' directories
+    # the role used stay (slurmctld's on the head, slurmd's on the nodes), empty.
+    for host in pids:
+        left = in_host(host, "find /etc/slurm /etc/munge /var/lib/slurm -mindepth 1").split()
+        assert left == ["/var/lib/slurm/slurmctld" if host == HEAD else "/var/lib/slurm/slurmd"], (host, left)
+        logs = in_host(host, "ls /var/log/slurm").split()
+        assert logs == (["slurmctld.log"] if host == HEAD else ["slurmd.log"]), (host, logs)
+    assert not (artifacts / "secrets").exists()
 
-        again = run_playbook(str(playbook), inventory=str(handle.inventory))
-        assert again.rc == 0 and set(again.recap) == set(pids) and again.changed == 0, again.output
-        check = run_playbook(str(playbook), "--check", "--diff", inventory=str(handle.inventory))
-        assert check.rc == 0 and check.changed == 0 and "--- before" not in check.output, check.output
-    finally:
-        for name in ("munge", "slurmd", "slurmctld"):
-            if f"S01{name}" in boot_links.split() and f"S01{name}" not in sh("sh", "-c", links).stdout.split():
-                sh("update-rc.d", name, "enable")
-        assert sh("sh", "-c", links).stdout == boot_links
+    again = run_playbook(str(playbook), inventory=str(handle.inventory))
+    assert again.rc == 0 and set(again.recap) == set(pids) and again.changed == 0, again.output
+    check = run_playbook(str(playbook), "--check", "--diff", inventory=str(handle.inventory))
+    assert check.rc == 0 and check.changed == 0 and "--- before" not in check.output, check.output
+    assert sh("sh", "-c", links).stdout == boot_links
+    started_at_boot = {name for name in boot_links.split() if name.startswith("S")}
+    assert started_at_boot, boot_links
+    for host in pids:
+        assert not started_at_boot & set(in_host(host, links).split()), (host, in_host(host, links))

@@ -4,6 +4,7 @@ options, a step's failure names it and stops the steps after it, check mode chan
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -128,3 +129,28 @@ def test_host_ports_without_the_bridge_step_touches_no_bridge(linux, tmp_path): 
     # Still in the bridge: discovery reports the port and no peer on it, so RDMA reads no port.
     assert result["discovery"]["ports"][0]["in_bridge"] == "bridge0"
     assert result["rdma"]["ports"] == {}
+
+
+def test_discovery_counts_only_the_neighbours_that_answered_its_probe(linux, tmp_path):  # noqa: F811
+    """The neighbour table may still hold a host the port reached before: a moved cable, or a new host whose
+    Thunderbolt Bridge joined two ports for a while (it then answered for the far side too). Only the address
+    that answered this probe is the peer."""
+    args = {"discover": {"peer_ports": ["tb*"], "management_address": MGMT}}
+    probe = ("ping", "-6", "-n", "-L", "-c", "1", "-w", "1", "-I", "tb0", "ff02::1")
+    reply = "64 bytes from fe80::1c2:3ff:fe04:506%tb0: icmp_seq=1 ttl=64 time=0.07 ms\n"
+    table = [
+        {"dst": "fe80::1c2:3ff:fe04:506", "dev": "tb0", "lladdr": "02:c2:03:04:05:06", "state": ["REACHABLE"]},
+        {"dst": "fe80::5a:beff:fe00:1", "dev": "tb0", "lladdr": "02:5a:be:00:00:01", "state": ["STALE"]},
+    ]
+    answers = {
+        **recorded("converged"),
+        **NETWORKD,
+        probe: (0, reply, ""),
+        ("ip", "-j", "-6", "neigh", "show"): (0, json.dumps(table), ""),
+    }
+    result, _ = linux(host_ports, args, answers)
+    [tb0] = result["discovery"]["ports"]
+    assert tb0["seen"] == ["02:c2:03:04:05:06"]
+    # Without an answer (nothing cabled, or the peer silent) the stale entry is no peer either.
+    result, _ = linux(host_ports, args, {**answers, probe: (1, "", "")})
+    assert result["discovery"]["ports"][0]["seen"] == []

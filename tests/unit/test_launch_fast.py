@@ -460,3 +460,24 @@ def test_the_cable_checks_run_the_module_utils_the_controller_sent(tmp_path: Pat
     answers = launch_fast.run_checks({"here": {"kind": "local", "python": sys.executable}}, {"here": spec})
     assert answers["here"]["preflight"]["problems"] == ["sent 1 ran True ['SentSources']"], answers
     assert "facts" not in answers["here"]
+
+
+def test_a_plan_setup_yml_changed_refuses_the_remembered_job_naming_the_change(tmp_path: Path) -> None:
+    """After a recabling (setup.yml rewrote plan.json), the job planned from the remembered plan is not started,
+    and the reason names what changed: the host added, the cables added and removed."""
+    grown = plan_of([(1, 2), (2, 3), (3, 4), (4, 1)], 4)
+    record_file = tmp_path / "plan.json"
+    record_file.write_text(json.dumps(grown))
+    context = {**context_for(), "plan_record": str(record_file), "plan_sha": sha("the plan when it was remembered")}
+    with pytest.raises(Stale) as stale:
+        launch_fast.prepare({"context": context, "connections": {}}, {"program": ["true"], "runtime": "plain"})
+    said = str(stale.value)
+    assert said == (
+        f"{record_file} changed since the last full check (setup.yml ran: hosts added node4; cables added "
+        "node1:tb1 <-> node4:tb1, node3:tb1 <-> node4:tb0; cables removed node1:tb1 <-> node3:tb1); the job planned "
+        "from the old plan is not started"
+    )
+    # An unreadable plan.json still refuses the remembered job, without the details.
+    record_file.write_text("{")
+    with pytest.raises(Stale, match=r"changed since the last full check \(setup.yml ran\); the job"):
+        launch_fast.prepare({"context": context, "connections": {}}, {"program": ["true"], "runtime": "plain"})
