@@ -28,7 +28,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "mgmt_subnet": {"type": "str", "default": "198.18.0.0/24"},
     "dir": {"type": "path", "required": True},
     "init_script": {"type": "path", "required": True},
-    "ssh_timeout": {"type": "int", "default": 30},
+    "ssh_timeout": {"type": "int", "default": 120},
     "settle_timeout": {"type": "int", "default": 60},
     "access": {"type": "str", "default": "root", "choices": ["root", "sudo"]},
     "names": {"type": "bool", "default": False},

@@ -121,7 +121,7 @@ class Lab:
         python: str,
         *,
         sshd: str = "/usr/sbin/sshd",
-        ssh_timeout: float = 30.0,
+        ssh_timeout: float = 120.0,
         settle_timeout: float = 60.0,
         hosts_file: str = "/etc/hosts",
     ) -> None:

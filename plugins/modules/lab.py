@@ -75,9 +75,9 @@ options:
     type: path
     required: true
   ssh_timeout:
-    description: Seconds to wait for every host's sshd to answer after a build.
+    description: Seconds to wait for every host's sshd to answer after a build (a bound; it returns once all answer).
     type: int
-    default: 30
+    default: 120
   access:
     description:
       - How the inventory logs in. V(root) - as root. V(sudo) - as the non-root user C(meshadmin), which has
