@@ -227,3 +227,25 @@ def ping_hosts(lab: LabHandle) -> dict[str, str]:
     """`ansible all -m ping` over the lab inventory: {host: SUCCESS|UNREACHABLE|FAILED}."""
     proc = lab.ansible("-m", "ansible.builtin.ping")
     return dict(re.findall(r"^(\S+) \| (SUCCESS|UNREACHABLE!|FAILED!)", proc.stdout, re.M))
+
+
+def launch_allreduce(handle: LabHandle, artifacts: Path, job: str) -> tuple[PlaybookRun, dict[str, Any]]:
+    """launch.yml running meshccl's all-reduce (tests/integration/programs/meshccl_allreduce.py) on every host,
+    one rank each, as job ``job``: the playbook run and the job's summary.json (the run must succeed)."""
+    program = Path(__file__).parent / "programs" / "meshccl_allreduce.py"
+    settings = {
+        "launch_program": ["python3", str(program)],
+        "launch_ranks_per_host": 1,
+        "launch_timeout": 120,
+        "launch_job_id": job,
+    }
+    run = run_playbook(
+        "launch.yml",
+        "-e",
+        f"meshkit_artifacts_dir={artifacts}",
+        "-e",
+        json.dumps(settings),
+        inventory=str(handle.inventory),
+    )
+    assert run.rc == 0, run.output
+    return run, json.loads((artifacts / "launch" / job / "summary.json").read_text())

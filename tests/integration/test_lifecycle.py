@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import ENV, REPO, LabHandle, drop_lab, ip_json, new_lab, run_playbook
+from .conftest import ENV, REPO, LabHandle, drop_lab, ip_json, launch_allreduce, new_lab, run_playbook
 
-PROGRAMS = Path(__file__).parent / "programs"
 POOL = ipaddress.IPv4Network("198.18.128.0/17")
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 MESHKIT = str(REPO / ".venv" / "bin" / "meshkit")
@@ -94,24 +93,7 @@ def sinfo(handle: LabHandle) -> dict[str, str]:
 
 def launch(handle: LabHandle, artifacts: Path, hosts: int) -> None:
     """meshccl's all-reduce on every host, one rank each, through launch.yml."""
-    job = f"g{uuid.uuid4().hex[:10]}"
-    run = run_playbook(
-        "launch.yml",
-        "-e",
-        f"meshkit_artifacts_dir={artifacts}",
-        "-e",
-        json.dumps(
-            {
-                "launch_program": ["python3", str(PROGRAMS / "meshccl_allreduce.py")],
-                "launch_ranks_per_host": 1,
-                "launch_timeout": 120,
-                "launch_job_id": job,
-            }
-        ),
-        inventory=str(handle.inventory),
-    )
-    assert run.rc == 0, run.output
-    summary = json.loads((artifacts / "launch" / job / "summary.json").read_text())
+    _run, summary = launch_allreduce(handle, artifacts, f"g{uuid.uuid4().hex[:10]}")
     assert [(r["rank"], r["state"], r["exit_code"]) for r in summary["ranks"]] == [(r, "ok", 0) for r in range(hosts)]
 
 

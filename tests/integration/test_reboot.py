@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import LabHandle, drop_lab, ip_json, new_lab, run_playbook, sh
+from .conftest import LabHandle, drop_lab, ip_json, launch_allreduce, new_lab, run_playbook, sh
 from .test_lab import settled_state
 
-PROGRAMS = Path(__file__).parent / "programs"
 REAL = {"lab_access": "sudo", "lab_names": True, "lab_network_daemon": "networkd"}
 
 
@@ -202,24 +201,7 @@ def test_setup_after_the_reboot_changes_nothing_and_a_launch_works(lab):
     assert again.rc == 0, again.output
     assert set(again.recap) == {"node1", "node2", "node3", "node4"}
     assert again.changed == 0, again.output
-    job = f"r{uuid.uuid4().hex[:10]}"
-    run = run_playbook(
-        "launch.yml",
-        "-e",
-        f"meshkit_artifacts_dir={artifacts}",
-        "-e",
-        json.dumps(
-            {
-                "launch_program": ["python3", str(PROGRAMS / "meshccl_allreduce.py")],
-                "launch_ranks_per_host": 1,
-                "launch_timeout": 120,
-                "launch_job_id": job,
-            }
-        ),
-        inventory=str(handle.inventory),
-    )
-    assert run.rc == 0, run.output
-    summary = json.loads((artifacts / "launch" / job / "summary.json").read_text())
+    run, summary = launch_allreduce(handle, artifacts, f"r{uuid.uuid4().hex[:10]}")
     assert summary["ok"], summary
     assert [(r["rank"], r["state"], r["exit_code"]) for r in summary["ranks"]] == [(r, "ok", 0) for r in range(4)]
     assert re.search(r"meshccl rank \d/4 on node2: all_reduce exact", run.output), run.output
