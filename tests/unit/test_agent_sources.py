@@ -65,9 +65,11 @@ def on_host(tmp_path: Path, first: dict[str, Any], until: str | None = None) -> 
     job, as a controller that went away would)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(decoy_collection(tmp_path / "host"))
+    # Unbuffered (bufsize=0): communicate() reads the descriptor, so a "bye" that readline() had
+    # already taken into a Python buffer would be lost.
     proc = subprocess.Popen(
         [sys.executable, "-u", "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+        stderr=subprocess.PIPE, env=env, cwd=tmp_path, bufsize=0,
     )  # fmt: skip
     assert proc.stdin is not None and proc.stdout is not None
     said: list[dict[str, Any]] = []

@@ -112,7 +112,11 @@ class Job:
             argv = [sys.executable, "-c", go_between, *agent]
         else:
             argv = agent
-        self.proc = subprocess.Popen(argv, stdin=read_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        # Unbuffered: select() and communicate() look at the descriptor, so nothing may wait in a
+        # Python buffer that readline() filled (a last message would be lost).
+        self.proc = subprocess.Popen(
+            argv, stdin=read_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0
+        )
         os.close(read_fd)
         specs = [
             {"rank": r, "argv": [sys.executable, str(FAMILY), str(self.pids_dir), *(["ignore-term"] if r else [])],

@@ -379,7 +379,8 @@ def agent_alone(
 ) -> subprocess.Popen:
     """An agent started as the launcher starts it, given its job (``more``: further job fields);
     its stdin stays open."""
-    proc = subprocess.Popen(LOCAL, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+    # Unbuffered (bufsize=0): select() and communicate() read the descriptor, not readline()'s buffer.
+    proc = subprocess.Popen(LOCAL, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, bufsize=0)
     job = {"job": job_id, "dir": str(job_dir), "files": {}, "grace": 0.5, "stdin": False, "ranks": ranks, **more}
     assert proc.stdin is not None
     proc.stdin.write(agent_input((json.dumps(job) + "\n").encode()))
