@@ -50,6 +50,21 @@ def test_shape_pairs(shape, size, expected):
     assert shape_pairs(shape, size) == expected
 
 
+@pytest.mark.parametrize("size", range(2, 17))
+def test_every_shape_at_every_size_cables_each_host_as_the_shape_says(size):
+    """mesh: every pair once; ring: a cycle through every host (one cable for two hosts); line: a path."""
+    everyone = set(range(1, size + 1))
+    mesh = shape_pairs("mesh", size)
+    assert sorted(frozenset(p) for p in mesh) == sorted(frozenset((i, j)) for i in everyone for j in everyone if i < j)
+    for shape, closed in (("ring", size > 2), ("line", False)):
+        pairs = shape_pairs(shape, size)
+        assert len(pairs) == size - 1 + closed, (shape, pairs)
+        degree = {host: sum(host in p for p in pairs) for host in everyone}
+        ends = 0 if closed else 2
+        assert sorted(degree.values()) == [1] * ends + [2] * (size - ends), (shape, pairs)
+        assert set().union(*map(set, pairs)) == everyone
+
+
 def test_mesh_of_16_has_120_cables():
     assert len(shape_pairs("mesh", 16)) == 120
 
