@@ -36,6 +36,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "network_daemon": {"type": "str", "default": "none", "choices": ["none", "networkd"]},
     "reboot": {"type": "list", "elements": "str", "default": []},
     "factory_network": {"type": "list", "elements": "str", "default": []},
+    "replace": {"type": "list", "elements": "str", "default": []},
     "hosts_file": {"type": "path", "default": "/etc/hosts"},
     "shared_paths": {"type": "list", "elements": "path", "default": []},
 }
@@ -131,7 +132,8 @@ def _run_task(p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
             reasons = [] if in_place else lab.problems()
             reboot = [name for name in p["reboot"] if name]
             factory = [name for name in p["factory_network"] if name]
-            for option, names in (("lab_reboot", reboot), ("lab_factory_network", factory)):
+            replace = [name for name in p["replace"] if name]
+            for option, names in (("lab_reboot", reboot), ("lab_factory_network", factory), ("lab_replace", replace)):
                 if names and (reasons or in_place):
                     why = reasons or (
                         [f"its hosts and cables would change: {in_place[1].summary()}"] if in_place else []
@@ -176,6 +178,16 @@ def _run_task(p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
                 result["reasons"] = [str(lab.names_problem())]
                 if not check_mode:
                     lab.write_names_block()
+            if not replace and not reasons and lab.untrusted():
+                # Replaced hosts' new keys (the lab made them): known_hosts takes them now.
+                result["changed"] = True
+                result["trusted"] = [line.split()[0] for line in lab.untrusted()]
+                if not check_mode:
+                    result["trusted"] = lab.trust_replaced()
+            if replace:
+                result["changed"] = True
+                if not check_mode:
+                    result["replaced"] = lab.replace(replace)
             if factory:
                 fixed = lab.factory_network(factory, check_mode)
                 result["factory_network"] = fixed

@@ -16,6 +16,7 @@ Plain Python: the module ``meshkit.cluster.lab`` drives it; tests may too.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
@@ -383,7 +384,7 @@ class Lab:
         tmp.replace(self.state_file)
 
     # ---- change in place --------------------------------------------------------
-    def reshape(self, before: LabPlan, diff: PlanDiff) -> list[str]:
+    def reshape(self, before: LabPlan, diff: PlanDiff, *, replaced: bool = False) -> list[str]:
         """Make the running lab, built as ``before``, the planned one by adding and removing only the
         hosts and cables ``diff`` names: every host and cable in both plans is left as it is (its
         links keep their index, MAC, addresses; its processes run on). Returns what was removed.
@@ -392,7 +393,8 @@ class Lab:
         A cable that goes is its veth pair (both ends at once); one that comes is a new pair, so a
         recabled port gets a new far end, as a real cable gives. A host that goes loses its
         processes, namespace (with its cables' ends), machine-side port, files, known_hosts line and
-        name; one that comes is built as build() builds a host."""
+        name; one that comes is built as build() builds a host. ``replaced`` (see replace()): the hosts
+        that go and come have the same names, and known_hosts keeps the old machines' keys."""
         state = self.recorded()
         if state is None:
             raise LabError(f"lab {self.plan.name} is not built; build it first")
@@ -462,17 +464,98 @@ class Lab:
                         path.write_text(text)
 
         # 6. The new hosts boot; their keys join known_hosts, the old hosts' keys leave it.
-        for h in added:
-            state["holders"][h.name] = self._start_holder(h)
         for h in gone:
             state["holders"].pop(h.name, None)
+        for h in added:
+            state["holders"][h.name] = self._start_holder(h)
         self._wait_for_sshd(added)
-        leaving = {before.ssh_name(h) for h in gone} | {self.plan.ssh_name(h) for h in added}
-        known = [line for line in state.get("known_hosts", []) if line.split()[0] not in leaving]
-        state["known_hosts"] = sorted(known + (self._scan_host_keys(added) if added else []))
+        scanned = self._scan_host_keys(added) if added else []
+        if replaced:
+            # The new machines' keys (checked against those the lab made) wait for trust_replaced().
+            state["untrusted"] = sorted({*state.get("untrusted", []), *scanned})
+        else:
+            leaving = {before.ssh_name(h) for h in gone} | {self.plan.ssh_name(h) for h in added}
+            known = [line for line in state.get("known_hosts", []) if line.split()[0] not in leaving]
+            state["known_hosts"] = sorted(known + scanned)
         state["plan"] = self.plan.as_dict()
         self._save_state(state)
         return removed
+
+    # ---- a host replaced by another machine --------------------------------------------
+    def replace(self, names: list[str]) -> dict[str, Any]:
+        """Hosts swapped for other machines under the same names and cabled into the same ports, as
+        docs/runbooks/replace-node.md has it. Each old machine goes (processes, namespace, its cables,
+        files); a new one comes as build() makes a host: a new host key, machine id and MACs, an empty
+        /var/lib/meshkit, the factory network. Its peers keep their configuration; their end of each of
+        its cables is a new veth end, as a cable plugged in again gives.
+
+        The lab's known_hosts keeps each OLD machine's key, as an operator's controller does: SSH to the
+        host fails ("Host key verification failed") until the old key is removed and the new one
+        collected and verified (docs/runbooks/ssh-host-keys.md, step 4). The next playbooks/lab.yml run
+        trusts the new keys itself (trust_replaced(): the lab made them)."""
+        hosts = self._named("lab_replace", names)
+        if self.recorded() is None:
+            raise LabError(f"lab_replace: lab {self.plan.name} is not built; build it first")
+        start = time.monotonic()
+        gone = {h.name for h in hosts}
+        cables = tuple(c for c in self.plan.cables if {c.a.host, c.b.host} & gone)
+        names_ = tuple(h.name for h in hosts)
+        diff = PlanDiff(
+            hosts_added=names_, hosts_removed=names_, cables_added=cables, cables_removed=cables,
+            cables_kept=(), moved=(), blockers=(),
+        )  # fmt: skip
+        old = {h.name: self._fingerprint(self.plan.ssh_name(h)) for h in hosts}
+        self.reshape(self.plan, diff, replaced=True)
+        keys = {
+            h.name: {"old": old[h.name], "new": self._fingerprint(self.plan.ssh_name(h), untrusted=True)} for h in hosts
+        }
+        return {
+            "replaced": list(names_),
+            "cables": [cable_name(c) for c in cables],
+            "host_keys": keys,
+            "elapsed": round(time.monotonic() - start, 2),
+        }
+
+    def untrusted(self) -> list[str]:
+        """known_hosts lines of replaced hosts' new keys that the lab has not trusted yet."""
+        return list((self.recorded() or {}).get("untrusted", []))
+
+    def trust_replaced(self) -> list[str]:
+        """Put the new keys of replaced hosts in known_hosts (after checking each still is the key the
+        lab made): the names whose key changed."""
+        state = self.recorded()
+        if not state or not state.get("untrusted"):
+            return []
+        by_ssh = {self.plan.ssh_name(h): h for h in self.plan.hosts}
+        names = {line.split()[0] for line in state["untrusted"]}
+        fresh = self._scan_host_keys(tuple(by_ssh[n] for n in sorted(names) if n in by_ssh))
+        known = [line for line in state.get("known_hosts", []) if line.split()[0] not in names]
+        state["known_hosts"] = sorted(known + fresh)
+        state.pop("untrusted")
+        self._save_state(state)
+        return sorted(by_ssh[n].name for n in names if n in by_ssh)
+
+    def _fingerprint(self, ssh_name: str, untrusted: bool = False) -> str:
+        """The SHA256 fingerprint of a host's key as the lab's known_hosts has it (or, ``untrusted``,
+        of its new key not trusted yet); "" when there is none."""
+        state = self.recorded() or {}
+        lines = state.get("untrusted" if untrusted else "known_hosts", [])
+        line = next((x for x in lines if x.split()[0] == ssh_name), None)
+        if line is None:
+            return ""
+        blob = base64.b64decode(line.split()[2])
+        return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+    def _named(self, option: str, names: list[str]) -> list[Host]:
+        """The hosts an option names, or an error naming the unknown ones and the lab's hosts."""
+        by_name = {h.name: h for h in self.plan.hosts}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise LabError(
+                f"{option} names {', '.join(unknown)}, not a host of lab {self.plan.name} "
+                f"({', '.join(by_name)}); name hosts as the inventory does, e.g. -e {option}=node2"
+            )
+        return [by_name[n] for n in names]
 
     def _remove_host(self, h: Host) -> None:
         """A host gone: its processes, namespace, machine-side port and files (nothing if none)."""
@@ -876,13 +959,7 @@ class Lab:
         Returns per host the seconds from power-off to booted, and the seconds until settled.
         """
         state = self.recorded()
-        by_name = {h.name: h for h in self.plan.hosts}
-        unknown = [n for n in names if n not in by_name]
-        if unknown:
-            raise LabError(
-                f"lab_reboot names {', '.join(unknown)}, not a host of lab {self.plan.name} "
-                f"({', '.join(by_name)}); name hosts as the inventory does, e.g. -e lab_reboot=node2"
-            )
+        by_name = {h.name: h for h in self._named("lab_reboot", names)}
         if state is None:
             raise LabError(f"lab_reboot: lab {self.plan.name} is not built; build it first")
         start = time.monotonic()
@@ -932,13 +1009,7 @@ class Lab:
 
         With lab_network_daemon=networkd the host's own networkd owns its network: its bridge comes
         back from its own files at its next boot (lab_reboot), which this refuses to second-guess."""
-        by_name = {h.name: h for h in self.plan.hosts}
-        unknown = [n for n in names if n not in by_name]
-        if unknown:
-            raise LabError(
-                f"lab_factory_network names {', '.join(unknown)}, not a host of lab {self.plan.name} "
-                f"({', '.join(by_name)}); name hosts as the inventory does, e.g. -e lab_factory_network=node2"
-            )
+        by_name = {h.name: h for h in self._named("lab_factory_network", names)}
         if self.plan.network_daemon != "none":
             raise LabError(
                 "lab_factory_network: with lab_network_daemon=networkd each host's own systemd-networkd "

@@ -312,7 +312,17 @@ def bridge_detach(module: Any) -> dict[str, Any]:
         result["diff"] = {"before": before + files_before, "after": after + files_after}
     apply(module, run, plan["commands"])
     linux_persist.module_write(module, run, files, file_changes)
+    if platform.system() != "Darwin" and not module.check_mode and (plan["commands"] or file_changes):
+        # A port out of the bridge gets its own IPv6 link-local address a moment later (networkd reconfiguring
+        # it, then duplicate-address detection). Return once it has: a peer probing it in the next task must
+        # find it answering, or that cable is seen from one end only and left out of the plan.
+        wait_for_link_local(run, [link["ifname"] for link in linux_net.links(run) if ready_to_answer(link, ports)], 10)
     return result
+
+
+def ready_to_answer(link: dict[str, Any], ports: list[str]) -> bool:
+    """Whether one of ``ports`` is out of any bridge and has carrier: it will get a link-local address."""
+    return link["ifname"] in ports and not link.get("master") and port_rules.has_carrier(link)
 
 
 def bridge_undo(module: Any) -> dict[str, Any]:

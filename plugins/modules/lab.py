@@ -131,6 +131,17 @@ options:
     type: list
     elements: str
     default: []
+  replace:
+    description:
+      - Hosts (names such as V(node3)) swapped for new machines under the same names, cabled into the same ports
+        (docs/runbooks/replace-node.md) - each gets a new host key, machine id, MACs and an empty
+        C(/var/lib/meshkit), and comes up with the factory network; its peers keep their configuration.
+        The lab's known_hosts keeps the OLD keys, as an operator's does, so SSH to those hosts fails until the old
+        key is removed and the new one collected (docs/runbooks/ssh-host-keys.md); the next run without
+        O(replace) puts the new keys in known_hosts itself. The lab must be built as asked.
+    type: list
+    elements: str
+    default: []
   hosts_file:
     description: This machine's hosts file, where O(names=true) adds the lab's names.
     type: path
@@ -233,6 +244,17 @@ reshaped:
     summary:
       description: One line naming every host and cable added and removed.
       type: str
+replaced:
+  description: >-
+    With O(replace): the hosts replaced, their cables (plugged in again), per host the SHA256 fingerprint of
+    the C(old) key (still in known_hosts) and of the C(new) one, and the seconds it took.
+  returned: when O(replace) is given
+  type: dict
+trusted:
+  description: The replaced hosts whose new keys this run put in known_hosts.
+  returned: when a replaced host's new key was not yet trusted
+  type: list
+  elements: str
 factory_network:
   description: >-
     With O(factory_network), per host the C(ip) commands that put its ports back (empty when none were needed).

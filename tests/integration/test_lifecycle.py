@@ -1,7 +1,8 @@
 """A cluster's life on one running lab with Slurm: a 4-host ring grown to 5 (node5 cabled in between node4
-and node1), shrunk back to 4, then recabled (plugs moved to other ports), setup.yml converging each change in
-one run. The lab changes in place (playbooks/lab.yml: hosts and cables added and removed, the others
-untouched), as a cluster does while its hosts keep running."""
+and node1), shrunk back to 4, recabled (plugs moved to other ports), node3 replaced by a new machine,
+setup.yml converging each change in one run, and undone at the end. The lab changes in place
+(playbooks/lab.yml: hosts and cables added and removed, the others untouched), as a cluster does while its
+hosts keep running."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from .conftest import ENV, REPO, LabHandle, drop_lab, ip_json, launch_allreduce,
 POOL = ipaddress.IPv4Network("198.18.128.0/17")
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 MESHKIT = str(REPO / ".venv" / "bin" / "meshkit")
+# The 4-host ring with the plugs at node1 and node4 swapped (test_moved_cables_...): the lab from then on.
+SWAPPED = [[4, 1], [1, 2], [2, 3], [3, 4]]
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +153,9 @@ def test_the_ring_shrunk_back_to_four_leaves_no_address_of_a_removed_cable_and_s
 
 
 def test_moved_cables_are_named_by_check_mode_then_converge_and_a_job_planned_before_is_refused(lab, tmp_path):
+    """Plugs moved: --check --diff names the cables removed and added and records nothing; the run converges
+    them, keeping the /30 of the cable that stayed; the second run changes nothing and its picture still shows
+    the cables that went; `meshkit launch` refuses the job it planned before, naming the change."""
     handle, artifacts = lab
     # `meshkit launch` remembers the plan it checked (its own cache for this test).
     cache = tmp_path / "cache"
@@ -173,7 +179,7 @@ def test_moved_cables_are_named_by_check_mode_then_converge_and_a_job_planned_be
 
     # The plugs at node1 and node4 swapped: node4:tb0 - node1:tb0 and node3:tb1 - node4:tb1 (still a ring);
     # node2:tb1 - node3:tb0 stays.
-    moved = handle.up(lab_size=4, lab_cables=[[4, 1], [1, 2], [2, 3], [3, 4]])
+    moved = handle.up(lab_size=4, lab_cables=SWAPPED)
     assert moved.rc == 0, moved.output
     removed = {"node1:tb0 <-> node2:tb0", "node3:tb1 <-> node4:tb0", "node1:tb1 <-> node4:tb1"}
     added = {"node1:tb0 <-> node4:tb0", "node1:tb1 <-> node2:tb0", "node3:tb1 <-> node4:tb1"}
@@ -195,6 +201,17 @@ def test_moved_cables_are_named_by_check_mode_then_converge_and_a_job_planned_be
     assert set(networks(after)) == added | {"node2:tb1 <-> node3:tb0"}
     assert networks(after)["node2:tb1 <-> node3:tb0"] == networks(before)["node2:tb1 <-> node3:tb0"]
     assert pool_addresses(handle) == per_host(after)
+    # The picture draws the cables that went, in red; a second run changes nothing ("Draw the cabling"
+    # included: issue 33), keeps that picture and plan.json as they are, and names no change.
+    picture = (artifacts / "cabling.dot").read_text()
+    gone = {line.split(" [", 1)[0].strip() for line in picture.splitlines() if 'label="gone since last plan"' in line}
+    assert gone == {'"node1" -- "node2"', '"node1" -- "node4"', '"node3" -- "node4"'}, picture
+    second = setup(handle, artifacts)
+    assert second.rc == 0 and second.changed == 0, second.output
+    assert "cabling changed since the last plan" not in flat(second.output), second.output
+    assert (artifacts / "cabling.dot").read_text() == picture
+    assert "gone since last plan" in (artifacts / "cabling.svg").read_text()
+    assert plan_of(artifacts) == after
 
     # The job planned from the plan `meshkit launch` remembered is not started; the change is named, and the
     # launch runs every check again (launch.yml) from the new plan.
@@ -205,6 +222,66 @@ def test_moved_cables_are_named_by_check_mode_then_converge_and_a_job_planned_be
     assert "the job planned from the old plan is not started; running every check (launch.yml)" in said, said
     for cable in removed:
         assert cable in said.split("cables removed", 1)[1], said
+
+
+def test_a_replaced_host_follows_the_runbook_and_every_cable_keeps_its_network(lab):
+    """docs/runbooks/replace-node.md on node3: a new machine under the same name, in the same ports. Its new
+    host key is refused until SSH is re-keyed (ssh-host-keys.md step 4, the fingerprint compared with the
+    host's own "console"); then one setup.yml run converges it: every cable keeps its /30, the new machine
+    holds its addresses and the plan's hostfiles, Slurm has it idle again, discovery alone changes nothing,
+    and meshccl runs on every host."""
+    handle, artifacts = lab
+    before = plan_of(artifacts)
+    node3 = handle.hosts()["node3"]
+    old_macs = {link["ifname"]: link["address"] for link in ip_json("-n", node3["meshkit_lab_netns"], "link", "show")}
+
+    replaced = handle.up(lab_size=4, lab_cables=SWAPPED, lab_replace="node3")
+    assert replaced.rc == 0, replaced.output
+    assert "node3 replaced by a new machine" in flat(replaced.output), replaced.output
+    new_macs = {link["ifname"]: link["address"] for link in ip_json("-n", node3["meshkit_lab_netns"], "link", "show")}
+    assert all(new_macs[port] != old_macs[port] for port in ("tb0", "tb1")), (old_macs, new_macs)
+
+    # The symptom: strict host-key checking refuses the new machine (nothing connects to it unverified).
+    refused = handle.ansible("-m", "ansible.builtin.ping", pattern="node3")
+    assert refused.returncode != 0, refused.stdout
+    assert "Host key verification failed" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+
+    # Step 3: the old key out, the new one collected and compared with the one on the host's own disk.
+    known, name = handle.dir / "known_hosts", node3["ansible_host"]
+    subprocess.run(["ssh-keygen", "-R", name, "-f", str(known)], check=True, capture_output=True, env=ENV)
+    scanned = subprocess.run(
+        ["ssh-keyscan", "-t", "ed25519", name], check=True, capture_output=True, text=True, env=ENV
+    ).stdout
+    with known.open("a") as f:
+        f.write(scanned)
+
+    def fingerprints(path: Path) -> set[str]:
+        out = subprocess.run(["ssh-keygen", "-lf", str(path)], check=True, capture_output=True, text=True, env=ENV)
+        return {line.split()[1] for line in out.stdout.splitlines()}
+
+    console = handle.dir / "hosts" / "node3" / "ssh" / "ssh_host_ed25519_key.pub"
+    assert fingerprints(console) <= fingerprints(known)
+    pinged = handle.ansible("-m", "ansible.builtin.ping", pattern="node3")
+    assert pinged.returncode == 0, pinged.stdout + pinged.stderr
+
+    # Step 5: converge. Same names, same ports: no cable changed, every one keeps its /30.
+    run = setup(handle, artifacts)
+    assert run.rc == 0, run.output
+    assert "cabling changed since the last plan" not in flat(run.output), run.output
+    after = plan_of(artifacts)
+    assert networks(after) == networks(before)
+    assert pool_addresses(handle) == per_host(after)
+    # Step 8: the new machine has the plan's hostfiles.
+    controller = json.loads((artifacts / "hostfiles" / "manifest.json").read_text())["fingerprint"]
+    on_host = handle.ansible("-m", "ansible.builtin.command", "-a", "cat /var/lib/meshkit/hostfiles/manifest.json",
+                             pattern="node3")  # fmt: skip
+    assert on_host.returncode == 0 and controller in on_host.stdout, on_host.stdout
+    # Step 7: discovery alone changes nothing.
+    discover = setup(handle, artifacts, "--tags", "discover")
+    assert discover.rc == 0 and discover.changed == 0, discover.output
+
+    launch(handle, artifacts, 4)
+    assert sinfo(handle).get("node3") == "idle", sinfo(handle)
 
 
 def test_undo_after_a_life_of_changes_takes_everything_away_slurm_too(lab):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 
@@ -351,3 +353,70 @@ def test_every_bridge0_has_a_mac_of_its_own_that_no_cable_changes(tmp_path):
     assert len(set(macs)) == 4
     assert all(int(mac[:2], 16) & 0b11 == 0b10 for mac in macs)  # locally administered, unicast
     assert macs == [make_lab(tmp_path, lab_size=5)._bridge_add(h).split()[4] for h in lab.plan.hosts]
+
+
+def test_a_replaced_host_is_a_new_machine_in_the_same_ports_whose_key_known_hosts_trusts_only_later(
+    tmp_path, monkeypatch
+):
+    lab = make_lab(tmp_path)
+    record(lab, lab.plan)
+    node3 = lab.plan.hosts[2]
+    old_line = f"{node3.mgmt_ip} ssh-ed25519 {base64.b64encode(b'old machine').decode()}"
+    new_line = f"{node3.mgmt_ip} ssh-ed25519 {base64.b64encode(b'new machine').decode()}"
+    others = [f"{h.mgmt_ip} ssh-ed25519 {base64.b64encode(h.name.encode()).decode()}" for h in lab.plan.hosts]
+    state = lab.recorded()
+    state["known_hosts"] = sorted([old_line, *others[:2], others[3]])
+    lab._save_state(state)
+    commands: list[str] = []
+
+    def fake_run(cmd, stdin=None, check=True):
+        commands.extend(" ".join(cmd[:-1]) + " : " + line for line in (stdin or "").splitlines())
+        if not stdin:
+            commands.append(" ".join(cmd))
+
+    monkeypatch.setattr(lab_netns, "run", fake_run)
+    monkeypatch.setattr(lab_netns, "ip_json", lambda *args: [{"ifname": "bridge0"}] if "-n" in args else [])
+    monkeypatch.setattr(Lab, "existing_netns", lambda self: [h.netns for h in self.plan.hosts])
+    monkeypatch.setattr(Lab, "_kill_netns_processes", lambda self, netns: commands.append(f"kill {netns}"))
+    monkeypatch.setattr(Lab, "_close_ssh_masters", lambda self: commands.append("close ssh masters"))
+    monkeypatch.setattr(
+        Lab, "_write_files", lambda self, hosts=None: commands.append(f"files {[h.name for h in hosts]}")
+    )
+    monkeypatch.setattr(Lab, "_start_holder", lambda self, h: 4343)
+    monkeypatch.setattr(Lab, "_wait_for_sshd", lambda self, hosts=None: None)
+    monkeypatch.setattr(Lab, "_scan_host_keys", lambda self, hosts=None: [new_line for _ in hosts])
+    lab.host_dir("node3").mkdir(parents=True)
+    (lab.host_dir("node3") / "machine-id").write_text("old\n")
+
+    with pytest.raises(LabError, match="lab_replace names node9, not a host of lab hd .*-e lab_replace=node2"):
+        lab.replace(["node9"])
+    done = lab.replace(["node3"])
+
+    assert done["replaced"] == ["node3"]
+    assert done["cables"] == ["node2:tb1-node3:tb0", "node3:tb1-node4:tb0"]
+    fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(b"old machine").digest()).decode().rstrip("=")
+    assert done["host_keys"]["node3"]["old"] == fingerprint
+    assert done["host_keys"]["node3"]["new"].startswith("SHA256:") and done["host_keys"]["node3"]["new"] != fingerprint
+    # The old machine is gone whole (its files too: a new host key and machine id are made), then the new one
+    # comes in the same ports, cabled to the same peer ports.
+    assert commands[:4] == [
+        "ip -n hd-node2 -batch : link del tb1",
+        "ip -n hd-node3 -batch : link del tb1",
+        "kill hd-node3",
+        "ip netns del hd-node3",
+    ]
+    assert not lab.host_dir("node3").exists()
+    assert "files ['node3']" in commands
+    assert "ip -batch : link add tb1 netns hd-node2 type veth peer name tb0 netns hd-node3" in commands
+    assert "ip -batch : link add tb1 netns hd-node3 type veth peer name tb0 netns hd-node4" in commands
+    assert not [c for c in commands if "hd-node1" in c]
+    # known_hosts keeps the old machine's key (SSH refuses the new one) until the next run trusts the new key.
+    state = lab.recorded()
+    assert old_line in state["known_hosts"] and new_line not in state["known_hosts"]
+    assert lab.untrusted() == [new_line]
+    assert state["holders"]["node3"] == 4343  # the new machine's init, which settle() looks into
+    assert lab.report()["known_hosts"] == state["known_hosts"]
+    assert lab.trust_replaced() == ["node3"]
+    state = lab.recorded()
+    assert new_line in state["known_hosts"] and old_line not in state["known_hosts"] and len(state["known_hosts"]) == 4
+    assert lab.untrusted() == [] and lab.trust_replaced() == []
