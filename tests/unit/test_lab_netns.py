@@ -388,7 +388,7 @@ def test_a_replaced_host_is_a_new_machine_in_the_same_ports_whose_key_known_host
     lab.host_dir("node3").mkdir(parents=True)
     (lab.host_dir("node3") / "machine-id").write_text("old\n")
 
-    with pytest.raises(LabError, match="lab_replace names node9, not a host of lab hd .*-e lab_replace=node2"):
+    with pytest.raises(LabError, match=r"lab_replace names node9, not a host of lab hd .*-e lab_replace=node2"):
         lab.replace(["node9"])
     done = lab.replace(["node3"])
 
