@@ -11,6 +11,15 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # Ansible's own state (tmp, installed collections) stays in the checkout: a copy of this collection
 # installed in ~/.ansible by some other run must never shadow the code being tested.
 export ANSIBLE_HOME := $(CURDIR)/.cache/ansible-home
+# A compiler cache outside the checkout (ccache, from `make deps`) for every CMake build (meshccl's C++
+# suites, the pip build of the package, the portable build): a fresh clone on this machine recompiles
+# only what changed. Paths inside the checkout are hashed relative to it, so another clone's hit too.
+ifneq ($(shell command -v ccache 2>/dev/null),)
+export CMAKE_C_COMPILER_LAUNCHER := ccache
+export CMAKE_CXX_COMPILER_LAUNCHER := ccache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := true
+endif
 
 .PHONY: all demo demo-down test test-steps test-checks lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
 	meshccl-portable meshccl-macos bench bench-deps bench-scale

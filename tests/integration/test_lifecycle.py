@@ -1,6 +1,6 @@
 """A cluster's life on one running lab with Slurm: a 4-host ring grown to 5 (node5 cabled in between node4
 and node1), shrunk back to 4, recabled (plugs moved to other ports), node3 replaced by a new machine,
-setup.yml converging each change in one run, and undone at the end. The lab changes in place
+setup.yml converging each change in one run, and undone at the end (a host lost part-way). The lab changes in place
 (playbooks/lab.yml: hosts and cables added and removed, the others untouched), as a cluster does while its
 hosts keep running."""
 
@@ -10,6 +10,7 @@ import ipaddress
 import json
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -285,10 +286,33 @@ def test_a_replaced_host_follows_the_runbook_and_every_cable_keeps_its_network(l
 
 
 def test_undo_after_a_life_of_changes_takes_everything_away_slurm_too(lab):
-    """teardown.yml after the grow, the shrink and the recabling: every host's records were taken before its
-    own first change (node5's when it joined), so every port goes back into bridge0, no cable address is left,
-    Slurm's daemons are gone, and a second undo changes nothing."""
+    """teardown.yml after the grow, the shrink, the recabling and the replacement. node2 is lost part-way (its
+    management link goes down once its cables' addresses are gone): the run stops, naming node2. With node2 back
+    the next run finishes: every host's records were taken before its own first change (node5's when it joined,
+    node3's new machine's when it was set up), so every port is back in bridge0, no cable address is left,
+    Slurm's daemons are gone; a third run changes nothing."""
     handle, _artifacts = lab
+    ns2 = handle.hosts()["node2"]["meshkit_lab_netns"]
+    cmd = ["ansible-playbook", "teardown.yml", "-i", str(handle.inventory)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 300
+        while pool_addresses(handle)["node2"] and proc.poll() is None:
+            assert time.monotonic() < deadline, "node2's cable addresses never went"
+            time.sleep(0.05)
+        subprocess.run(["ip", "-n", ns2, "link", "set", "mgmt0", "down"], check=True, env=ENV)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["ip", "-n", ns2, "link", "set", "mgmt0", "up"], check=True, env=ENV)
+    assert proc.returncode != 0, output
+    assert re.search(r"fatal: \[node2\]: UNREACHABLE!", output), output
+
+    deadline = time.monotonic() + 120
+    while handle.ansible("-m", "ansible.builtin.ping", pattern="node2").returncode != 0:
+        assert time.monotonic() < deadline, "node2 did not come back"
     run = run_playbook("teardown.yml", inventory=str(handle.inventory))
     assert run.rc == 0, run.output
     assert pool_addresses(handle) == {host: set() for host in handle.hosts()}
