@@ -288,10 +288,9 @@ def test_the_factory_network_names_what_it_cannot_do(tmp_path):
         networkd.factory_network(["node2"])
 
 
-def test_growing_a_ring_touches_only_the_cable_it_replaces_and_the_new_host(tmp_path, monkeypatch):
-    lab = make_lab(tmp_path, lab_size=5)
-    before = lab_plan()
-    record(lab, before)
+def fake_machine(monkeypatch, holder: int, scanned) -> list[str]:
+    """The lab's commands and host boots recorded instead of run: the ``ip`` lines, the files written per
+    host; every host boots as ``holder``, ssh-keyscan answers ``scanned(host)``. Returns the record."""
     commands: list[str] = []
 
     def fake_run(cmd, stdin=None, check=True):
@@ -304,11 +303,17 @@ def test_growing_a_ring_touches_only_the_cable_it_replaces_and_the_new_host(tmp_
     monkeypatch.setattr(
         Lab, "_write_files", lambda self, hosts=None: commands.append(f"files {[h.name for h in hosts]}")
     )
-    monkeypatch.setattr(Lab, "_start_holder", lambda self, h: 4242)
+    monkeypatch.setattr(Lab, "_start_holder", lambda self, h: holder)
     monkeypatch.setattr(Lab, "_wait_for_sshd", lambda self, hosts=None: None)
-    monkeypatch.setattr(
-        Lab, "_scan_host_keys", lambda self, hosts=None: [f"{h.mgmt_ip} ssh-ed25519 KEY" for h in hosts]
-    )
+    monkeypatch.setattr(Lab, "_scan_host_keys", lambda self, hosts=None: [scanned(h) for h in hosts])
+    return commands
+
+
+def test_growing_a_ring_touches_only_the_cable_it_replaces_and_the_new_host(tmp_path, monkeypatch):
+    lab = make_lab(tmp_path, lab_size=5)
+    before = lab_plan()
+    record(lab, before)
+    commands = fake_machine(monkeypatch, 4242, lambda h: f"{h.mgmt_ip} ssh-ed25519 KEY")
     removed = lab.reshape(before, lab_netns.plan_diff(before, lab.plan))
     assert removed == ["cable node4:tb1-node1:tb1"]
     assert commands == [
@@ -367,24 +372,10 @@ def test_a_replaced_host_is_a_new_machine_in_the_same_ports_whose_key_known_host
     state = lab.recorded()
     state["known_hosts"] = sorted([old_line, *others[:2], others[3]])
     lab._save_state(state)
-    commands: list[str] = []
-
-    def fake_run(cmd, stdin=None, check=True):
-        commands.extend(" ".join(cmd[:-1]) + " : " + line for line in (stdin or "").splitlines())
-        if not stdin:
-            commands.append(" ".join(cmd))
-
-    monkeypatch.setattr(lab_netns, "run", fake_run)
-    monkeypatch.setattr(lab_netns, "ip_json", lambda *args: [{"ifname": "bridge0"}] if "-n" in args else [])
+    commands = fake_machine(monkeypatch, 4343, lambda h: new_line)
     monkeypatch.setattr(Lab, "existing_netns", lambda self: [h.netns for h in self.plan.hosts])
     monkeypatch.setattr(Lab, "_kill_netns_processes", lambda self, netns: commands.append(f"kill {netns}"))
     monkeypatch.setattr(Lab, "_close_ssh_masters", lambda self: commands.append("close ssh masters"))
-    monkeypatch.setattr(
-        Lab, "_write_files", lambda self, hosts=None: commands.append(f"files {[h.name for h in hosts]}")
-    )
-    monkeypatch.setattr(Lab, "_start_holder", lambda self, h: 4343)
-    monkeypatch.setattr(Lab, "_wait_for_sshd", lambda self, hosts=None: None)
-    monkeypatch.setattr(Lab, "_scan_host_keys", lambda self, hosts=None: [new_line for _ in hosts])
     lab.host_dir("node3").mkdir(parents=True)
     (lab.host_dir("node3") / "machine-id").write_text("old\n")
 
