@@ -6,8 +6,9 @@ base measured beside it, never against a reference file of another day. The base
 temporary git worktree (the shared virtual environment, its own code first on PYTHONPATH); then, for --rounds
 rounds, each tree runs the same benchmarks, the order swapped every round (A B, B A, ...):
 
-  scale      bench/scale.py --sizes SIZES of that tree: setup.yml's first run on a fresh lab ring, the no-change
-             run, launch.yml (every check, a trivial program, 2 ranks per host)
+  scale      bench/scale.py --sizes SIZES --tree TREE: that tree's setup.yml's first run on a fresh lab ring, the
+             no-change run, launch.yml (every check, a trivial program, 2 ranks per host). The labs are built by
+             this checkout for both trees: the fixture is held equal, only the measured playbooks and code differ
   launch     bench/launch.py -r 1 of that tree on one lab ring of --launch-hosts hosts converged once (by this
              checkout's setup.yml): `meshkit launch` from the remembered plan, `--recheck`, launch.yml, mpirun
 
@@ -36,6 +37,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "bench"))
+from lab import ansible_env  # noqa: E402
+
 from meshkit import lab_claims  # noqa: E402 - this checkout's, whatever PYTHONPATH says
 
 SCALE_STEPS = {"setup_first": "setup.yml first run", "setup_again": "no-change run", "launch": "launch.yml"}
@@ -45,18 +49,6 @@ OCTETS = range(200, 150, -1)  # scale.py takes 202-248, the tests 1 upwards
 
 def say(text: str) -> None:
     print(f"ab: {text}", file=sys.stderr, flush=True)
-
-
-def tree_env(tree: Path) -> dict[str, str]:
-    """The environment that makes a tree's own code run: its package and collection first on sys.path (the shared
-    venv's editable install points at the main checkout), its ansible.cfg."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / ".collections")])
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["ANSIBLE_CONFIG"] = str(tree / "ansible.cfg")
-    env["ANSIBLE_HOME"] = str(tree / ".cache" / "ansible-home")
-    env["ANSIBLE_NOCOLOR"] = "1"
-    return env
 
 
 @contextlib.contextmanager
@@ -75,16 +67,16 @@ def base_tree(rev: str) -> Iterator[Path]:
 def run(argv: list[str], tree: Path, log: Path, cwd: Path) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        proc = subprocess.run(argv, env=tree_env(tree), cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.run(argv, env=ansible_env(tree), cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False)
     return proc.returncode
 
 
 def scale_round(who: str, tree: Path, rnd: int, args: argparse.Namespace) -> dict[str, Any]:
     out = args.out / f"scale-{who}-r{rnd}"
     say(f"round {rnd}: {who}: bench/scale.py --sizes {args.sizes} ...")
-    argv = [sys.executable, str(tree / "bench" / "scale.py"), "--sizes", args.sizes, "--label", f"{who}-r{rnd}"]
-    argv += ["--out", str(out), "--name-prefix", f"ab{who[0]}"]
-    rc = run(argv, tree, out / "scale.log", tree)
+    argv = [sys.executable, str(HERE / "bench" / "scale.py"), "--sizes", args.sizes, "--label", f"{who}-r{rnd}"]
+    argv += ["--out", str(out), "--name-prefix", f"ab{who[0]}", "--tree", str(tree)]
+    rc = run(argv, HERE, out / "scale.log", HERE)
     data = json.loads((out / "scale.json").read_text()) if (out / "scale.json").exists() else {}
     figures = {}
     for size in data.get("sizes_run", []):

@@ -37,15 +37,21 @@ def parse_rate(text: str) -> float:
     return value * 8 if m.group(3) == "bps" else value
 
 
-def ansible_env() -> dict[str, str]:
+def ansible_env(tree: Path = REPO) -> dict[str, str]:
+    """The environment that runs a checkout's playbooks with its own code: this one's (the shared virtual
+    environment's editable install points here), or another worktree's (bench/ab.py's base), whose package
+    and collection then come first on sys.path."""
     bindir = str(Path(sys.executable).parent)
-    return {
-        **os.environ,
-        "PATH": f"{bindir}:{os.environ.get('PATH', '')}",
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_HOME": str(REPO / ".cache" / "ansible-home"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env.update(
+        PATH=f"{bindir}:{os.environ.get('PATH', '')}",
+        ANSIBLE_CONFIG=str(tree / "ansible.cfg"),
+        ANSIBLE_HOME=str(tree / ".cache" / "ansible-home"),
+        ANSIBLE_NOCOLOR="1",
+    )
+    if tree != REPO:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / ".collections")])
+    return env
 
 
 @dataclass

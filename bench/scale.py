@@ -23,6 +23,8 @@ then removed (always: also on a failure, Ctrl-C or SIGTERM) with its artifacts d
 Output (--out, default bench/results/): scale.json (everything), scale.md (the tables, also
 printed), scale.png (time against hosts, fitted lines) and logs/scale-<label>/ (every playbook's
 output and its timing JSON). --reference also copies the three to bench/reference/scale-<label>.*.
+--tree DIR measures another checkout's setup.yml and launch.yml (its own package and collection,
+bench/ab.py's base revision), on labs this checkout builds: the lab is the fixture, held equal.
 A benchmark, not a test: it asserts nothing about time.
 """
 
@@ -122,6 +124,8 @@ def claim_subnet(forced: str | None) -> str:
 class ScaleLab(Lab):
     """bench/lab.py's lab, built without converging it (setup.yml is what is measured here)."""
 
+    tree: Path = REPO  # the measured checkout: where its setup.yml writes the artifacts
+
     def build(self, timeout: float) -> Run:
         """playbooks/lab.yml, run as the measured playbooks are (an interrupt stops all of it)."""
         self.built = True  # from here on, down() runs even if the build fails half-way
@@ -141,7 +145,7 @@ class ScaleLab(Lab):
         inv = yaml.safe_load(self.inventory.read_text())
         variables = inv["all"].get("vars") or {}
         path = variables.get("meshkit_artifacts_dir") or Path("artifacts") / variables["meshkit_cluster_name"]
-        return (REPO / path).resolve()
+        return (self.tree / path).resolve()
 
 
 # --- one playbook run, timed ------------------------------------------------------------------------
@@ -159,6 +163,7 @@ class Run:
     rc: int | None = None
     timed_out: bool = False
     load_before: list[float] = field(default_factory=list)
+    tree: Path = REPO  # whose playbooks and code run (the lab's own playbook: always this checkout's)
 
     def to_json(self) -> dict[str, Any]:
         timing = load_timing(self.timing)
@@ -195,8 +200,8 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
-def bench_env(timing: Path) -> dict[str, str]:
-    env = ansible_env()
+def bench_env(timing: Path, tree: Path = REPO) -> dict[str, str]:
+    env = ansible_env(tree)
     env["ANSIBLE_CALLBACK_PLUGINS"] = str(CALLBACKS)
     env["ANSIBLE_CALLBACKS_ENABLED"] = "meshkit_timing"
     env["MESHKIT_TIMING_JSON"] = str(timing)
@@ -213,8 +218,8 @@ def run_playbook(run: Run, timeout: float) -> Run:
         t0 = time.monotonic()
         proc = subprocess.Popen(
             run.argv,
-            cwd=REPO,
-            env=bench_env(run.timing),
+            cwd=run.tree,
+            env=bench_env(run.timing, run.tree),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -694,16 +699,17 @@ def write_report(data: dict[str, Any], json_path: Path, *, write_data: bool = Tr
 # --- the run ------------------------------------------------------------------------------------------
 
 
-def machine(started: bool = True) -> dict[str, Any]:
+def machine(tree: Path = REPO) -> dict[str, Any]:
+    """This machine and the measured checkout (its commit)."""
     from ansible.release import __version__ as ansible_core
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False).stdout
+        return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, check=False).stdout
 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return {
         "cpus": os.cpu_count(),
-        "load_start" if started else "load_end": load,
+        "load_start": load,
         "ansible_core": ansible_core,
         "commit": git("rev-parse", "--short", "HEAD").strip(),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip()),
@@ -711,13 +717,13 @@ def machine(started: bool = True) -> dict[str, Any]:
     }
 
 
-def forks() -> str:
+def forks(tree: Path = REPO) -> str:
     proc = subprocess.run(
         ["ansible-config", "dump", "--only-changed", "--format", "json"],
         capture_output=True,
         text=True,
-        env=ansible_env(),
-        cwd=REPO,
+        env=ansible_env(tree),
+        cwd=tree,
         check=False,
     )
     try:
@@ -739,7 +745,8 @@ def measure_size(n: int, args: argparse.Namespace, logs: Path, keep: bool) -> di
         )
     subnet = claim_subnet(args.subnet)
     record["subnet"] = subnet
-    lab = ScaleLab(name, "ring", n, "", subnet, logs / f"{n}hosts-lab.log", REPO / "artifacts" / f"lab-{name}")
+    lab = ScaleLab(name, "ring", n, "", subnet, logs / f"{n}hosts-lab.log", args.tree / "artifacts" / f"lab-{name}")
+    lab.tree = args.tree
     artifacts: Path | None = None
     try:
         say(f"[{n} hosts] building lab {name} (ring, subnet {subnet}; log {_rel(lab.log)}) ...")
@@ -766,8 +773,8 @@ def measure_size(n: int, args: argparse.Namespace, logs: Path, keep: bool) -> di
                 say(f"[{n} hosts] {STEP_TITLES[step]}: not run (the first setup.yml run failed)")
                 continue
             say(f"[{n} hosts] {STEP_TITLES[step]} ...")
-            run = run_playbook(Run(step, argv, logs / f"{n}hosts-{step}.log", logs / f"{n}hosts-{step}.timing.json"),
-                               args.timeout)  # fmt: skip
+            run = run_playbook(Run(step, argv, logs / f"{n}hosts-{step}.log", logs / f"{n}hosts-{step}.timing.json",
+                                   tree=args.tree), args.timeout)  # fmt: skip
             result = record["runs"][step] = run.to_json()
             state = "ok" if not result["failed"] else f"FAILED rc {result['rc']} (log {result['log']})"
             say(
@@ -807,7 +814,7 @@ def teardown(lab: ScaleLab, record: dict[str, Any], artifacts: Path | None) -> N
                     f"REMOVING THE LAB FAILED: {e}\n  remove it with: ansible-playbook playbooks/lab.yml "
                     f"-e lab_name={lab.name} -e lab_mgmt_subnet={lab.subnet} -e lab_state=absent"
                 )
-        if artifacts is not None and artifacts.is_dir() and artifacts.is_relative_to(REPO / "artifacts"):
+        if artifacts is not None and artifacts.is_dir() and artifacts.is_relative_to(lab.tree / "artifacts"):
             shutil.rmtree(artifacts, ignore_errors=True)
     finally:
         for sig, handler in old.items():
@@ -838,8 +845,13 @@ def run_bench(args: argparse.Namespace) -> int:
         "label": args.label,
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "sizes": args.sizes,
-        "params": {"shape": "ring", "ranks_per_host": args.ranks_per_host, "forks": forks(), "timeout": args.timeout},
-        "machine": machine(),
+        "params": {
+            "shape": "ring",
+            "ranks_per_host": args.ranks_per_host,
+            "forks": forks(args.tree),
+            "timeout": args.timeout,
+        },
+        "machine": machine(args.tree),
         "sizes_run": [],
     }
     json_path = out / "scale.json"
@@ -906,7 +918,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subnet", help="management /24 for every lab (default: a free one of 198.19.202-248.0/24)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds before a playbook run is killed (3600)")
     ap.add_argument("--out", type=Path, default=BENCH / "results", help="output directory (bench/results)")
+    ap.add_argument(
+        "--tree",
+        type=Path,
+        default=REPO,
+        help="the checkout whose setup.yml and launch.yml are measured (this one); labs: this one's",
+    )
     args = ap.parse_args(argv)
+    args.tree = args.tree.resolve()
+    if not (args.tree / "playbooks" / "setup.yml").is_file():
+        ap.error(f"--tree {args.tree}: no playbooks/setup.yml there (a meshkit checkout or worktree)")
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", args.label):
         ap.error(f"--label {args.label!r}: letters, digits, '.', '_' or '-' (it names files)")
     args.out = args.out.resolve()

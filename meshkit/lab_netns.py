@@ -70,6 +70,19 @@ HOST_OWN_DIRS = (
 )
 
 
+# root's home on a host is its own (lab_init binds these over /root; the machine's other entries stay
+# visible): the distribution's dotfiles, as a freshly installed host has them (never this machine's
+# ~/.bashrc, which may start a Python version manager whose shims and lock every host would share),
+# and its own caches. name -> the file its content comes from (the first that exists), or None for an
+# empty directory.
+ROOT_HOME = {
+    ".bashrc": ("/usr/share/base-files/dot.bashrc", "/etc/skel/.bashrc"),
+    ".profile": ("/usr/share/base-files/dot.profile", "/etc/skel/.profile"),
+    ".cache": None,
+    ".ansible": None,
+}
+
+
 # The boot links of the machine's init scripts (sysvinit's runlevels, which `update-rc.d` and Ansible's
 # service module change when a service is enabled or disabled at boot): each host gets a copy of the
 # machine's, so enabling or disabling a service on one host (the slurm role does) leaves the machine and
@@ -671,6 +684,26 @@ class Lab:
     def home_dir(self, name: str) -> Path:
         return self.host_dir(name) / "home"
 
+    def root_home_dir(self, name: str) -> Path:
+        return self.host_dir(name) / "root"
+
+    def _root_home(self, name: str) -> Path:
+        """The host's own entries of /root (ROOT_HOME): the dotfiles as a fresh host has them, written at
+        every build; the caches kept (a reboot keeps them too)."""
+        home = self.root_home_dir(name)
+        home.mkdir(parents=True, exist_ok=True)
+        home.chmod(0o700)
+        for entry, sources in ROOT_HOME.items():
+            path = home / entry
+            if sources is None:
+                path.mkdir(exist_ok=True)
+                path.chmod(0o700)
+                continue
+            source = next((Path(s) for s in sources if Path(s).is_file()), None)
+            path.write_text(source.read_text() if source else "")
+            path.chmod(0o644)
+        return home
+
     def _user_ids(self) -> tuple[int, int]:
         """uid and gid of the login user: the first number from 2000 that the machine uses for
         no user and no group, so files it writes on the shared filesystem are nobody else's."""
@@ -877,7 +910,7 @@ class Lab:
                 "network_daemon": self.plan.network_daemon,
                 "binds": binds,
                 "home": {"user": LAB_USER, "source": str(self.home_dir(h.name))} if sudo else None,
-                "traverse": ["/root"] if sudo else [],
+                "root_home": {"source": str(self._root_home(h.name)), "mode": 0o711 if sudo else 0o700},
             }
             (self.host_dir(h.name) / "init.json").write_text(json.dumps(config, indent=2) + "\n")
 

@@ -14,7 +14,7 @@ host does, in order:
    lab's directory (``/var/lib/meshkit``, ``/etc/ssh``, ``/etc/hosts``, ``/etc/machine-id``,
    and as the config asks ``/etc/passwd``, ``/etc/shadow``, ``/etc/group``, ``/etc/gshadow``,
    ``/etc/sudoers``, ``/etc/systemd/network``), the login user's own home under ``/home``,
-   a private ``/dev/shm``;
+   root's own dotfiles and caches in ``/root``, a private ``/dev/shm``;
 3. with ``network_daemon: networkd``: a read-only sysfs of the host's own network namespace
    (networkd then treats the host as a container and does not wait for udev), the system
    D-Bus (``dbus-daemon --system``, for ``networkctl``) and ``systemd-networkd``, which
@@ -63,9 +63,10 @@ def bind(source: str, target: str) -> None:
     mount("--bind", source, target)
 
 
-def rebind(directory: str, mode: int, skip: str | None = None) -> None:
+def rebind(directory: str, mode: int, skip: str | None = None, own: str | None = None) -> None:
     """``directory`` becomes this host's own: a tmpfs of ``mode`` that holds the machine's entries
-    again (bind-mounted, so what they hold stays the shared one), except ``skip``."""
+    again (bind-mounted, so what they hold stays the shared one), except ``skip``; each entry of the
+    directory ``own`` (the lab's files of this host) is bound there instead of the machine's."""
     stage = os.path.join(STAGE, directory.strip("/").replace("/", "-"))
     os.makedirs(stage, exist_ok=True)
     if os.path.isdir(directory):
@@ -73,18 +74,18 @@ def rebind(directory: str, mode: int, skip: str | None = None) -> None:
     else:
         os.makedirs(directory)
     mount("-t", "tmpfs", "-o", f"mode={mode:04o}", "tmpfs", directory)
-    for entry in sorted(os.listdir(stage)):
-        if entry == skip:
+    mine = {entry: os.path.join(own, entry) for entry in os.listdir(own)} if own else {}
+    machine = {entry: os.path.join(stage, entry) for entry in os.listdir(stage) if entry != skip}
+    for entry, source in sorted({**machine, **mine}.items()):
+        path = os.path.join(directory, entry)
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), path)
             continue
-        staged, path = os.path.join(stage, entry), os.path.join(directory, entry)
-        if os.path.islink(staged):
-            os.symlink(os.readlink(staged), path)
-            continue
-        if os.path.isdir(staged):
+        if os.path.isdir(source):
             os.mkdir(path)
         else:
             open(path, "a").close()
-        mount("--rbind", staged, path)
+        mount("--rbind", source, path)
     if os.path.ismount(stage):
         subprocess.run(["umount", "--lazy", "--recursive", stage], check=True)
 
@@ -109,12 +110,15 @@ def boot_filesystems(cfg: dict[str, Any]) -> None:
         bind(source, target)
     if cfg.get("home"):
         own_home(cfg["home"]["user"], cfg["home"]["source"])
-    for directory in cfg.get("traverse") or []:
-        # The machine's own home directories (root's is 0700) hold what the hosts share with it
-        # (this machine's Python, under /root/.pyenv on the development machine): the login user may
-        # pass through them, as through a cluster's shared storage; what each entry lets it read
-        # is still that entry's own business.
-        rebind(directory, 0o711)
+    if cfg.get("root_home"):
+        # root's home is the host's own, as on any machine: its own dotfiles (the distribution's, so a
+        # shell on the host starts as a fresh host's does: nothing of this machine's ~/.bashrc, such
+        # as a Python version manager's shims and its lock shared by every host) and its own caches.
+        # The machine's other entries stay visible (this machine's Python, under /root/.pyenv on the
+        # development machine, as on a cluster's shared storage). With a login user other than root,
+        # 0711: the user may pass through; what each entry lets it read is still that entry's business.
+        home = cfg["root_home"]
+        rebind("/root", home["mode"], own=home["source"])
     if cfg.get("cgroups"):
         # "ip netns exec" mounted a fresh sysfs on /sys, which hides the machine's cgroup file
         # systems: mount them again where a host has them (slurmd, systemd and container tools read
