@@ -470,6 +470,31 @@ def check_fsdp(c: Checks, mesh_pg: Any, gloo: Any) -> dict[str, Any]:
 # --- scenarios -------------------------------------------------------------------------------------------------
 
 
+def check_gather_coalesced(c: Checks, gloo: Any) -> None:
+    """all_gather_coalesced fills one output list per rank (rank q's inputs, in order), as Gloo does: as many inputs
+    of one shape as ranks (where reading the lists the other way round gives no error, only a wrong answer), and
+    inputs of several shapes."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    for shapes in (tuple((3,) for _ in range(n)), ((2, 2), (1,), (3,)), ((4,),)):
+        mine = [torch.arange(float(torch.Size(s).numel())).reshape(s) + 100 * me + 10 * i for i, s in enumerate(shapes)]
+        got = [[torch.full(s, -1.0) for s in shapes] for _ in range(n)]
+        gloos = [[torch.full(s, -1.0) for s in shapes] for _ in range(n)]
+        dist.all_gather_coalesced(got, mine)
+        dist.all_gather_coalesced(gloos, mine, group=gloo)
+        for q in range(n):
+            for i, s in enumerate(shapes):
+                want = torch.arange(float(torch.Size(s).numel())).reshape(s) + 100 * q + 10 * i
+                c.eq(f"all_gather_coalesced {shapes}: rank {q}'s input {i}", got[q][i], want)
+                c.eq(f"all_gather_coalesced {shapes}: rank {q}'s input {i} as Gloo gives it", got[q][i], gloos[q][i])
+    # Lists that are not one per rank, or not one tensor per input: an error naming the layout, never a guess.
+    c.raises(
+        "all_gather_coalesced with one list per input",
+        lambda: dist.all_gather_coalesced([[torch.zeros(3) for _ in range(n)]], [torch.zeros(3)]),
+        ValueError,
+        "one output list per rank",
+    )
+
+
 def scenario_ops(c: Checks) -> dict[str, Any]:
     t0 = time.perf_counter()
     dist.init_process_group("meshccl", timeout=datetime.timedelta(seconds=120))
@@ -492,6 +517,7 @@ def scenario_ops(c: Checks) -> dict[str, Any]:
     dist.all_reduce(a)
     dist.all_reduce(b, group=gloo)
     c.eq("Gloo group and meshccl group agree", a, b)
+    check_gather_coalesced(c, gloo)
     # A meshccl group of some of the ranks (its own communicator, met through torch's store).
     members = list(range(n - 1))
     sub = dist.new_group(members, backend="meshccl")

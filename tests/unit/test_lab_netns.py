@@ -411,3 +411,25 @@ def test_a_replaced_host_is_a_new_machine_in_the_same_ports_whose_key_known_host
     state = lab.recorded()
     assert new_line in state["known_hosts"] and old_line not in state["known_hosts"] and len(state["known_hosts"]) == 4
     assert lab.untrusted() == [] and lab.trust_replaced() == []
+
+
+def test_roots_home_on_a_host_is_its_own_with_the_distributions_dotfiles(tmp_path, monkeypatch):
+    # Never the machine's ~/.bashrc (a version manager's init, whose shims and lock every host would share).
+    dot = tmp_path / "dot.bashrc"
+    dot.write_text("# the distribution's\n")
+    monkeypatch.setitem(lab_netns.ROOT_HOME, ".bashrc", (str(tmp_path / "absent"), str(dot)))
+    monkeypatch.setitem(lab_netns.ROOT_HOME, ".profile", (str(tmp_path / "absent"),))
+    lab = make_lab(tmp_path)
+    home = lab._root_home("node2")
+    assert home == lab.host_dir("node2") / "root"
+    assert sorted(p.name for p in home.iterdir()) == [".ansible", ".bashrc", ".cache", ".profile"]
+    assert (home / ".bashrc").read_text() == "# the distribution's\n"
+    assert (home / ".profile").read_text() == ""  # no such file anywhere: an empty one, never the machine's
+    assert oct(home.stat().st_mode & 0o777) == oct(0o700)
+    assert oct((home / ".cache").stat().st_mode & 0o777) == oct(0o700)
+    # Built again: the dotfiles are the factory's again, the caches stay (as across a reboot).
+    (home / ".bashrc").write_text("changed on the host\n")
+    (home / ".cache" / "pip").mkdir()
+    lab._root_home("node2")
+    assert (home / ".bashrc").read_text() == "# the distribution's\n"
+    assert (home / ".cache" / "pip").is_dir()

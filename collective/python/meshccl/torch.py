@@ -489,9 +489,24 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None
     ) -> _Work:
-        return self._allgather("all_gather_coalesced", output_lists, input_list)
+        # torch's layout, as Gloo reads it: one output list per rank, holding that rank's inputs in their order
+        # (output_lists[q][i] is rank q's input i). all_gather's is the other way round (one list per input, a
+        # block per rank), and reading one as the other gives a wrong answer whenever the counts line up.
+        op = "all_gather_coalesced"
+        n = self._size
+        if len(output_lists) != n or any(len(outs) != len(input_list) for outs in output_lists):
+            raise ValueError(
+                f"meshccl backend: {op}: one output list per rank ({n}), each with one tensor per input "
+                f"({len(input_list)}); got {len(output_lists)} lists of {[len(outs) for outs in output_lists]} tensors"
+            )
+        per_input = [[output_lists[q][i] for q in range(n)] for i in range(len(input_list))]
+        return self._allgather(op, per_input, input_list, per_rank=True)
 
-    def _allgather(self, op: str, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> _Work:
+    def _allgather(
+        self, op: str, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], per_rank: bool = False
+    ) -> _Work:
+        """One all-gather per input; ``outputs[i]`` holds input i's block from every rank. The result is in that
+        layout, or with ``per_rank`` in all_gather_coalesced's (one list per rank)."""
         if len(outputs) != len(inputs):
             raise ValueError(f"meshccl backend: {op}: {len(outputs)} output lists for {len(inputs)} inputs")
         n = self._size
@@ -533,7 +548,8 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 for outs, sizes, block, gathered, _src in posted:
                     for q, o in enumerate(outs):
                         _copy_back(o, gathered[q * block : q * block + sizes[q]])
-                return [list(entry[0]) for entry in posted]
+                lists = [list(entry[0]) for entry in posted]
+                return [list(blocks) for blocks in zip(*lists)] if per_rank else lists
 
             return finish
 
