@@ -11,6 +11,7 @@ documents the options and the result.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -276,7 +277,27 @@ def write_mark(path: str, data: dict) -> None:
 
 
 def build_here(source: str, path: str, version: str, requirements: list[str], deps: str | None, ctx: dict) -> list[str]:
-    """The controller's wheelhouse: meshccl's wheel built here, the requirements' wheels and pip's."""
+    """The controller's wheelhouse: meshccl's wheel built here, the requirements' wheels and pip's.
+
+    One build per group at a time on this controller (two setup.yml runs at once, or two test labs): the second
+    waits for the first, then takes the wheelhouse it published. pip builds in the group's own directory of the
+    cache (``<dest>/.build/<group>-<source>``, kept, so CMake builds again only what changed), never in the source tree,
+    which may be read-only (an installed collection) and which another build of the same tree may be using."""
+    builds = os.path.join(os.path.dirname(os.path.dirname(path)), ".build")
+    os.makedirs(builds, exist_ok=True)
+    # Per source tree too: CMake refuses a build directory configured from another source directory.
+    name = f"{os.path.basename(path)}-{hashlib_hex(os.path.realpath(source))[:8]}"
+    with open(os.path.join(builds, f"{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        mark = read_mark(path)
+        if mark:  # another run built it while this one waited
+            return mark["wheels"]
+        return _build_here(source, path, version, requirements, deps, ctx, os.path.join(builds, name))
+
+
+def _build_here(
+    source: str, path: str, version: str, requirements: list[str], deps: str | None, ctx: dict, build: str
+) -> list[str]:
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     work = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}-", dir=parent)
@@ -289,7 +310,19 @@ def build_here(source: str, path: str, version: str, requirements: list[str], de
             isolation = ["--no-index", "--find-links", deps]
         else:
             isolation = []
-        steps = [pip("wheel", "--quiet", "--no-deps", *isolation, source, "-w", work)]
+        steps = [
+            pip(
+                "wheel",
+                "--quiet",
+                "--no-deps",
+                *isolation,
+                "--config-settings",
+                f"build-dir={build}",
+                source,
+                "-w",
+                work,
+            )
+        ]
         if requirements:
             steps.append(pip("download", "--quiet", "--only-binary=:all:", *requirements, "-d", work))
         steps.append(

@@ -110,35 +110,27 @@ def test_rerun_changes_nothing_hosts_are_isolated_check_mode_is_truthful(make_la
     assert lab.cabling_file.read_text() == before_cabling
     assert lab_netns(lab) == before_netns
 
-    # Each host: its own hostname, its own state directory, its own process table.
-    write = lab.ansible("-m", "ansible.builtin.shell", "-a", "hostname > /var/lib/meshkit/mark", pattern="node1")
+    # Each host: its own hostname, its own state directory, its own process table; and root's home is its own,
+    # as on a freshly installed host: the distribution's dotfiles (never this machine's ~/.bashrc, whose version
+    # manager every host would share), its own caches.
+    write = lab.ansible(
+        "-m", "ansible.builtin.shell", "-a", "hostname | tee /var/lib/meshkit/mark > ~/.cache/mark", pattern="node1"
+    )
     assert write.returncode == 0, write.stdout + write.stderr
     look = lab.ansible(
         "-m",
         "ansible.builtin.shell",
         "-a",
         "echo host=$(hostname) mark=$(cat /var/lib/meshkit/mark 2>/dev/null || echo none) "
-        "pid1=$(cat /proc/1/cmdline | tr '\\0' ' ' | grep -o lab_init.py)",
+        "pid1=$(cat /proc/1/cmdline | tr '\\0' ' ' | grep -o lab_init.py) "
+        "cache=$(cat ~/.cache/mark 2>/dev/null || echo none) "
+        "bashrc=$(cmp -s ~/.bashrc /usr/share/base-files/dot.bashrc && echo distro || echo other) path=$PATH",
     )
     assert look.returncode == 0, look.stdout + look.stderr
     for i in range(1, 5):
         mark = "node1" if i == 1 else "none"
-        assert f"host=node{i} mark={mark} pid1=lab_init.py" in look.stdout, look.stdout
-    # root's home is each host's own, as on a freshly installed host: the distribution's dotfiles (never this
-    # machine's ~/.bashrc, whose version manager every host would share), its own caches.
-    cache = lab.ansible("-m", "ansible.builtin.shell", "-a", "hostname > ~/.cache/mark", pattern="node1")
-    assert cache.returncode == 0, cache.stdout + cache.stderr
-    home = lab.ansible(
-        "-m",
-        "ansible.builtin.shell",
-        "-a",
-        "echo host=$(hostname) cache=$(cat ~/.cache/mark 2>/dev/null || echo none) "
-        "bashrc=$(cmp -s ~/.bashrc /usr/share/base-files/dot.bashrc && echo distro || echo other) path=$PATH",
-    )
-    assert home.returncode == 0, home.stdout + home.stderr
-    for i in range(1, 5):
-        assert f"host=node{i} cache={'node1' if i == 1 else 'none'} bashrc=distro path=" in home.stdout, home.stdout
-    assert ".pyenv" not in home.stdout, home.stdout
+        assert f"host=node{i} mark={mark} pid1=lab_init.py cache={mark} bashrc=distro path=" in look.stdout, look.stdout
+    assert ".pyenv" not in look.stdout, look.stdout
     assert not Path("/root/.cache/mark").exists()
     # The machine runs four lab_init.py processes for this lab; node2 sees only its own, as PID 1.
     ps = lab.ansible("-m", "ansible.builtin.command", "-a", "ps -e -o pid=,args=", pattern="node2")

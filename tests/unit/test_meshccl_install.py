@@ -367,3 +367,50 @@ def test_the_inventory_option_is_checked_naming_host_and_values():
     assert "use controller (" in problems[0] and "group (" in problems[0] and "host (" in problems[0], problems
     normalised, problems = validate_hosts({"node1": {"meshkit_meshccl_build_on": "group"}})
     assert problems == [] and normalised["node1"]["meshkit_meshccl_build_on"] == "group"
+
+
+def test_two_runs_building_one_wheelhouse_at_once_build_it_once_outside_the_source_tree(tmp_path, monkeypatch):
+    # Two setup.yml runs (or two test labs) on one controller with a cold cache: pip built both in the source tree's
+    # own build directory at once, and one failed ("file failed to open for writing"). Now the second waits for the
+    # first and takes what it published; pip builds in the cache, never in the source tree (it may be read-only).
+    import subprocess
+    import threading
+    import time
+
+    calls: list[list[str]] = []
+    building = threading.Semaphore(1)
+
+    def fake_run(argv, cwd=None, env=None):
+        calls.append(argv)
+        out = argv[argv.index("-w" if "wheel" in argv else "-d") + 1]
+        if "wheel" in argv:
+            assert building.acquire(blocking=False), "two pip builds at once"
+            time.sleep(0.3)
+            Path(out, "meshccl-0.1.0-cp311-cp311-linux_x86_64.whl").write_bytes(b"w")
+            building.release()
+        else:
+            Path(out, "pip-24.0-py3-none-any.whl").write_bytes(b"p")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(meshccl_wheel, "run", fake_run)
+    path = tmp_path / "wheels" / "0123456789abcdef" / "controller-linux"
+    results: list[list[str]] = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(
+                meshccl_wheel.build_here(str(SOURCE), str(path), "0.1.0", [], None, {"build": "0123456789abcdef"})
+            )
+        )
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wheels = ["meshccl-0.1.0-cp311-cp311-linux_x86_64.whl", "pip-24.0-py3-none-any.whl"]
+    assert results == [wheels, wheels]
+    pip_wheel = [argv for argv in calls if "wheel" in argv]
+    assert len(pip_wheel) == 1, calls
+    build_dir = next(a for a in pip_wheel[0] if a.startswith("build-dir="))
+    assert Path(build_dir.removeprefix("build-dir=")).parent == tmp_path / "wheels" / ".build"
+    assert sorted(os.listdir(path)) == sorted([*wheels, meshccl_wheel.MARK])
