@@ -22,7 +22,7 @@ export CCACHE_NOHASHDIR := true
 endif
 
 .PHONY: all demo demo-down test test-steps test-checks lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
-	meshccl-portable meshccl-macos bench bench-deps bench-scale
+	meshccl-portable meshccl-macos bench bench-deps bench-scale torch-suite
 
 # meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
 # under AddressSanitizer + UndefinedBehaviorSanitizer, each built in its own directory.
@@ -148,6 +148,13 @@ test-steps: lint
 
 test-checks: sanity meshccl-cpp meshccl-sanitize meshccl-fuzz meshccl-macos meshccl-portable
 	pytest tests/meshccl tests/unit --durations=10
+
+## PyTorch's own distributed tests (torch's _DistTestBase, as PyTorch runs it for Gloo) against Gloo and meshccl,
+## side by side (tests/meshccl/torch_suite_run.py): the table in .cache/torch-suite/suite-w2.md, exit 1 on a test
+## Gloo passes and meshccl does not. `make test` runs a selection (tests/meshccl/test_torch_suite.py).
+## Extra flags: make torch-suite SUITE_ARGS="-n 8 -k group".
+torch-suite: venv
+	$(BIN)/python tests/meshccl/torch_suite_run.py $(SUITE_ARGS)
 
 ## Ansible's own checks on the collection as ansible-galaxy builds it (scripts/ansible-sanity).
 sanity: venv
