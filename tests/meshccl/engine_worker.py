@@ -127,6 +127,33 @@ def ring_shift(comm: meshccl.Communicator) -> None:
     assert (small == right * 0.5).all(), small
 
 
+def messages(comm: meshccl.Communicator) -> None:
+    """Tagged messages through the Python API: rank 0 takes rank 1's tags last first (sizes differ, so a wrong match
+    cannot pass), then every other rank's message from any rank, async, and says who sent each."""
+    n, r = comm.size, comm.rank
+    sizes = {1: 7, 2: 40_000, 3: BIG}
+    if r == 1:
+        comm.messages(sends=[(np.full(k, tag, dtype=np.int32), 0, tag) for tag, k in sizes.items()])
+    elif r == 0:
+        for tag in (3, 2, 1):
+            got = np.full(sizes[tag], -1, dtype=np.int32)
+            sources = comm.messages(recvs=[(got, 1, tag)])
+            assert list(sources) == [1] and (got == tag).all(), (tag, list(sources), got[:4])
+    if r != 0:
+        comm.messages(sends=[(np.full(5, 100 + r, dtype=np.float64), 0, 9)])
+    else:
+        seen = []
+        for _ in range(n - 1):
+            got = np.empty(5, dtype=np.float64)
+            work = comm.messages(recvs=[(got, None, 9)], async_op=True)
+            work.wait()
+            (src,) = work.result
+            assert (got == 100 + src).all(), (src, got)
+            seen.append(src)
+        assert sorted(seen) == list(range(1, n)), seen
+    comm.barrier()  # every message taken: the pair's collectives go on
+
+
 def repeatable(comm: meshccl.Communicator) -> None:
     """Floating-point sums of the same inputs, called again and again: every call gives the same
     bits on every rank (each chunk is reduced by one rank in one fixed order, whatever order the
@@ -191,6 +218,8 @@ def main() -> int:
             repeatable(comm)
         elif scenario == "ring_shift":
             ring_shift(comm)
+        elif scenario == "messages":
+            messages(comm)
         elif scenario in ("abort", "close", "sigint", "sigint_wait"):
             blocked(comm, scenario)
         else:

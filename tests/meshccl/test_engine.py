@@ -64,6 +64,10 @@ def test_a_ring_shift_in_one_exchange_does_not_deadlock(tmp_path, transport):
     all_ok(h.finish(spawn(3, "ring_shift", env_for(hostfile(tmp_path, transport, 3))), timeout=120))
 
 
+def test_tagged_messages_match_their_receives_in_any_order_and_from_any_rank(tmp_path, transport):
+    all_ok(h.finish(spawn(3, "messages", env_for(hostfile(tmp_path, transport, 3))), timeout=120))
+
+
 def test_float_sums_are_bit_identical_call_after_call_and_on_every_rank(tmp_path, transport):
     # Four ranks, a full mesh: the direct algorithm, where contributions arrive in any order.
     all_ok(h.finish(spawn(4, "repeatable", env_for(hostfile(tmp_path, transport, 4))), timeout=120))

@@ -2,9 +2,10 @@
 """PyTorch's own distributed tests (tests/meshccl/torch_suite.py) against meshccl and Gloo, side by side.
 
 Each backend runs the same tests in its own pytest process (BACKEND and WORLD_SIZE in the environment, a fresh job
-token for meshccl), with a JUnit report; then one table per test: what Gloo did, what meshccl did, why a test was
-skipped or failed. A test Gloo passes and meshccl does not is a regression (exit status 1); so is any failure of a
-test with --expect-pass.
+token for meshccl), with a JUnit report; by default (--gates gloo) the suite's gates open for meshccl where they open
+for Gloo (torch_suite.py says how, and names the tests left out). Then one table per test: what Gloo did, what
+meshccl did, why a test was skipped or failed. A test Gloo passes and meshccl does not is a regression (exit status
+1); so is any failure of a test with --expect-pass.
 
   .venv/bin/python tests/meshccl/torch_suite_run.py                       # every CPU test, WORLD_SIZE=2, both
   .venv/bin/python tests/meshccl/torch_suite_run.py -n 8 -k "group"       # the group tests at 8 ranks
@@ -63,11 +64,16 @@ SELECTIONS = {
 }
 
 
+LEFT_OUT = "left out for meshccl: "  # how torch_suite.py's LEFT_OUT skips begin
+
+
 def say(text: str) -> None:
     print(f"torch-suite: {text}", file=sys.stderr, flush=True)
 
 
-def run_backend(backend: str, world: int, keyword: str | None, tests: list[str], out: Path, timeout: float) -> Path:
+def run_backend(
+    backend: str, world: int, keyword: str | None, tests: list[str], out: Path, timeout: float, gates: str = "gloo"
+) -> Path:
     """pytest of the suite for one backend; its JUnit report."""
     report = out / f"{backend}-w{world}.xml"
     report.unlink(missing_ok=True)
@@ -80,6 +86,7 @@ def run_backend(backend: str, world: int, keyword: str | None, tests: list[str],
     env.update(
         BACKEND=backend,
         WORLD_SIZE=str(world),
+        SUITE_GATES=gates,
         MESHCCL_TOKEN=secrets.token_hex(32),
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         PYTHONWARNINGS="ignore::FutureWarning,ignore::DeprecationWarning",
@@ -109,22 +116,35 @@ def outcomes(report: Path) -> dict[str, dict[str, Any]]:
             node = case.find(tag)
             if node is not None:
                 outcome = "skipped" if tag == "skipped" else "failed"
-                text = node.get("message") or node.text or ""
-                why = next((line.strip() for line in text.splitlines() if line.strip()), "")
+                why = reason(node.get("message") or "", node.text or "")
                 break
         found[name] = {"outcome": outcome, "seconds": round(seconds, 2), "why": why[:300]}
     return found
 
 
-def table(results: dict[str, dict[str, dict[str, Any]]], world: int) -> str:
+def reason(message: str, text: str) -> str:
+    """The line that says why: for a spawned rank's failure, the first error a rank raised (pytest's "E   ..." lines
+    after "Process N exited with error code"), else the report's first line."""
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    ranks = [e for e in errors if e and not e.startswith(("RuntimeError: Process", "Process "))]
+    if ranks:
+        return ranks[0]
+    return next((line.strip() for line in (message or text).splitlines() if line.strip()), "")
+
+
+def table(results: dict[str, dict[str, dict[str, Any]]], world: int, gates: str = "gloo") -> str:
     backends = list(results)
     names = sorted({name for found in results.values() for name in found})
-    lines = [f"# PyTorch's distributed suite (_DistTestBase), WORLD_SIZE={world}", ""]
+    lines = [f"# PyTorch's distributed suite (_DistTestBase), WORLD_SIZE={world}, gates as for {gates}", ""]
     lines += ["| backend | passed | failed | skipped | seconds |", "|---|---|---|---|---|"]
     for b in backends:
         count = {k: sum(1 for r in results[b].values() if r["outcome"] == k) for k in ("passed", "failed", "skipped")}
         seconds = sum(r["seconds"] for r in results[b].values())
         lines.append(f"| {b} | {count['passed']} | {count['failed']} | {count['skipped']} | {seconds:.0f} |")
+    left = {n: r["why"] for n, r in results.get("meshccl", {}).items() if r["why"].startswith(LEFT_OUT)}
+    if left:
+        lines += ["", "Left out for meshccl (torch_suite.LEFT_OUT), and why:", ""]
+        lines += [f"- {name}: {why[len(LEFT_OUT) :]}" for name, why in sorted(left.items())]
     lines += ["", "Tests whose outcome differs between the backends, or that failed:", ""]
     lines += ["| test | " + " | ".join(backends) + " |", "|---|" + "---|" * len(backends)]
     for name in names:
@@ -155,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--world-size", type=int, default=2, help="ranks per test (2)")
     ap.add_argument("-k", dest="keyword", help="pytest -k expression over the suite's test names")
     ap.add_argument("--select", choices=sorted(SELECTIONS), help="a named selection of tests (make-test)")
+    ap.add_argument(
+        "--gates",
+        choices=("gloo", "own"),
+        default="gloo",
+        help="gloo: the suite's gates open for meshccl where they open for Gloo (default); own: its verdict for "
+        "a backend named meshccl",
+    )
     ap.add_argument("--expect-pass", action="store_true", help="any meshccl test not passed fails the run")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per backend's run (3600)")
     ap.add_argument("--out", type=Path, default=REPO / ".cache" / "torch-suite", help="(.cache/torch-suite)")
@@ -167,14 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tests = SELECTIONS.get(args.select or "", [])
     results = {
-        b: outcomes(run_backend(b, args.world_size, args.keyword, tests, args.out, args.timeout)) for b in backends
+        b: outcomes(run_backend(b, args.world_size, args.keyword, tests, args.out, args.timeout, args.gates))
+        for b in backends
     }
     if tests:
         for b, found in results.items():
             missing = [t for t in tests if t not in found]
             if missing:
                 raise SystemExit(f"torch-suite: {b} ran no test named {', '.join(missing)} (renamed in this torch?)")
-    text = table(results, args.world_size)
+    text = table(results, args.world_size, "Gloo" if args.gates == "gloo" else "each backend's own name")
     stem = args.out / f"suite-w{args.world_size}"
     stem.with_suffix(".md").write_text(text)
     stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")

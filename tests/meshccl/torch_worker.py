@@ -16,7 +16,9 @@ Scenarios:
 from __future__ import annotations
 
 import datetime
+import functools
 import json
+import operator
 import os
 import sys
 import time
@@ -338,11 +340,15 @@ def check_errors(c: Checks) -> dict[str, str]:
     texts["band"] = c.raises(
         "BAND", lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=R.BAND), mt.UnsupportedError, "BAND"
     )
-    texts["anysource"] = c.raises(
-        "recv from any source", lambda: dist.recv(torch.ones(3)), mt.UnsupportedError, "recv from any source"
+    texts["sparse max"] = c.raises(
+        "sparse MAX",
+        lambda: dist.all_reduce(torch.sparse_coo_tensor([[0]], [1.0], (4,), check_invariants=True), op=R.MAX),
+        mt.UnsupportedError,
+        "sparse",
+        "SUM only",
     )
-    texts["tag"] = c.raises(
-        "tagged send", lambda: dist.send(torch.ones(3), (me + 1) % 2, tag=5), mt.UnsupportedError, "tag 5"
+    texts["tag range"] = c.raises(
+        "a negative tag", lambda: dist.send(torch.ones(3), (me + 1) % 2, tag=-1), ValueError, "tag -1"
     )
     texts["uneven reduce_scatter"] = c.raises(
         "uneven reduce_scatter",
@@ -467,6 +473,90 @@ def check_fsdp(c: Checks, mesh_pg: Any, gloo: Any) -> dict[str, Any]:
     return {"fsdp_max_diff": diff, "fsdp_calls": calls}
 
 
+def check_groups(c: Checks) -> None:
+    """Groups the suite does not form: ranks that are not contiguous, and one rank in two groups used alternately
+    (each group its own communicator; calls on one never meet the other's)."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    ends = [0, n - 1]  # not contiguous when n > 2
+    a = dist.new_group([0, 1], backend="meshccl")
+    b = dist.new_group([1, n - 1] if n > 2 else [0, 1], backend="meshccl")
+    e = dist.new_group(ends, backend="meshccl")
+    for k in range(3):
+        for name, members, group in (("[0, 1]", [0, 1], a), ("[1, n-1]", [1, n - 1] if n > 2 else [0, 1], b)):
+            if me in members:
+                x = value(members.index(me), 1000 + k).float()
+                dist.all_reduce(x, group=group)
+                c.eq(f"group {name} round {k}", x, reference("sum", 2, 1000 + k).float())
+    if me in ends:
+        y = torch.empty(2 * 5, dtype=torch.int64)
+        dist.all_gather_into_tensor(y, value(me, 5), group=e)
+        c.eq("group of the first and last ranks", y, torch.cat([value(0, 5), value(n - 1, 5)]))
+        dist.send(torch.full((3,), float(me)), ends[1 - ends.index(me)], group=e, tag=4)
+        z = torch.empty(3)
+        dist.recv(z, ends[1 - ends.index(me)], group=e, tag=4)
+        c.eq("send/recv inside that group", z, torch.full((3,), float(ends[1 - ends.index(me)])))
+
+
+# --- tagged messages, any source, sparse all_reduce -------------------------------------------------------------
+
+
+def check_messages(c: Checks, gloo: Any) -> None:
+    """Messages as torch matches them, the same on the meshccl group and on Gloo: a receive takes its tag whatever
+    the sender sent first (sizes that differ, so a wrong match cannot pass), and a receive without a source takes
+    each rank's messages in the order that rank sent them and says who sent each."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    sizes = {1: 5, 2: 3000, 3: 300_000}  # one frame, a few segments, segments over every connection
+    for name, group in (("meshccl", None), ("gloo", gloo)):
+        if me == 0:
+            works = [dist.isend(torch.full((k,), 10.0 * tag + me), 1, group=group, tag=tag) for tag, k in sizes.items()]
+            for w in works:
+                w.wait()
+        elif me == 1:
+            for tag in (3, 1, 2):  # not the order sent
+                y = torch.full((sizes[tag],), -1.0)
+                dist.recv(y, 0, group=group, tag=tag)
+                c.eq(f"{name}: tag {tag} received out of order", y, torch.full((sizes[tag],), 10.0 * tag))
+        dist.barrier(group=group)
+        # Everyone sends two messages to rank 0, which receives from any rank: recv() and irecv().
+        if me == 0:
+            got: list[int] = []
+            for k in range(2 * (n - 1)):
+                y = torch.full((7,), -1.0)
+                if k % 2:
+                    w = dist.irecv(y, group=group)
+                    w.wait()
+                    src = w._source_rank()
+                else:
+                    src = dist.recv(y, group=group)
+                c.true(f"{name}: a receive from any rank says who sent it ({src})", 0 < src < n)
+                c.eq(
+                    f"{name}: message {got.count(src)} of rank {src}", y, torch.full((7,), 100.0 * src + got.count(src))
+                )
+                got.append(src)
+            c.true(
+                f"{name}: two messages from every rank ({sorted(got)})", sorted(got) == sorted(2 * list(range(1, n)))
+            )
+        else:
+            for k in range(2):
+                dist.send(torch.full((7,), 100.0 * me + k), 0, group=group)
+        dist.barrier(group=group)
+    # Sparse SUM, as Gloo gives it: counts of entries differ per rank, and a dense dimension.
+    for dense in ((), (2,)):
+        idx = torch.tensor([list(range(me + 1))])
+        vals = torch.ones((me + 1, *dense)) * (me + 1)
+        mine = torch.sparse_coo_tensor(idx, vals, (n + 1, *dense), check_invariants=True)
+        a, b = mine.clone(), mine.clone()
+        dist.all_reduce(a)
+        dist.all_reduce(b, group=gloo)
+        c.eq(f"sparse all_reduce {dense}", a.to_dense(), b.to_dense())
+        parts = [
+            torch.sparse_coo_tensor([list(range(q + 1))], torch.ones((q + 1, *dense)) * (q + 1), (n + 1, *dense))
+            for q in range(n)
+        ]
+        want = functools.reduce(operator.add, parts)
+        c.eq(f"sparse all_reduce {dense} against the sum", a.to_dense(), want.to_dense())
+
+
 # --- scenarios -------------------------------------------------------------------------------------------------
 
 
@@ -518,6 +608,8 @@ def scenario_ops(c: Checks) -> dict[str, Any]:
     dist.all_reduce(b, group=gloo)
     c.eq("Gloo group and meshccl group agree", a, b)
     check_gather_coalesced(c, gloo)
+    check_messages(c, gloo)
+    check_groups(c)
     # A meshccl group of some of the ranks (its own communicator, met through torch's store).
     members = list(range(n - 1))
     sub = dist.new_group(members, backend="meshccl")
@@ -582,6 +674,17 @@ def scenario_hostfile(c: Checks) -> dict[str, Any]:
         x = value(pair.index(me), 100_000).float()
         dist.all_reduce(x, group=sub)
         c.eq("cross-host pair all_reduce", x, reference("sum", 2, 100_000).float())
+    # The ranks of one host, a group beside the world group: shared memory between them, the world's cables unused.
+    local = [q for q in range(n) if q // 2 == 0]
+    near = dist.new_group(local, backend="meshccl")
+    if me in local:
+        out["local_transport"] = near.communicator.info()["transport"]
+        x = value(local.index(me), 70_000).float()
+        dist.all_reduce(x, group=near)
+        c.eq("one host's group all_reduce", x, reference("sum", len(local), 70_000).float())
+    x = value(me, 900).float()
+    dist.all_reduce(x)  # the world group, in between
+    c.eq("world all_reduce beside the host's group", x, reference("sum", n, 900).float())
     again = dist.new_group(backend="meshccl")
     x = value(me, 5000).double()
     dist.all_reduce(x, group=again)

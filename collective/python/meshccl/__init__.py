@@ -22,6 +22,7 @@ Ctrl-C during a call on the main thread does the same and raises KeyboardInterru
 
 from __future__ import annotations
 
+import array
 import os
 from typing import Any
 
@@ -328,6 +329,30 @@ class Communicator:
         native = self._native.exchange([(a, int(p)) for a, p in sends], [(a, int(p)) for a, p in recvs], async_op)
         bufs = [pair[0] for pair in recvs]
         return self._done(native, bufs, *(pair[0] for pair in sends), *bufs)
+
+    def messages(
+        self,
+        sends: list[tuple[Any, int, int]] | tuple[()] = (),
+        recvs: list[tuple[Any, int | None, int]] | tuple[()] = (),
+        async_op: bool = False,
+    ) -> Any:
+        """Tagged messages, as MPI and torch.distributed pass them: [(array, peer, tag), ...] each, raw bytes. A
+        receive takes the oldest message from its peer (None: from any linked rank) with its tag, whatever that
+        peer sent before it; messages that come before their receive wait in the communicator (sent in one call,
+        received in a later one). A rank's messages must all be received before the pair's next collective, and
+        sizes must agree (MismatchError). Sends, then receives from named ranks, are posted together (a ring shift
+        cannot deadlock). Returns the rank each receive came from, an array of ints (async_op: a Work whose .result
+        it is, filled once the Work completes)."""
+        sends = list(sends)
+        recvs = list(recvs)
+        sources = array.array("i", [-1] * len(recvs))
+        native = self._native.messages(
+            [(a, int(p), int(t)) for a, p, t in sends],
+            [(a, -1 if p is None else int(p), int(t)) for a, p, t in recvs],
+            sources,
+            async_op,
+        )
+        return self._done(native, sources, *(s[0] for s in sends), *(r[0] for r in recvs), sources)
 
     def barrier(self, async_op: bool = False) -> Any:
         return self._done(self._native.barrier(async_op), None)

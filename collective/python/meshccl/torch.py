@@ -17,7 +17,7 @@ connection proves the job token at both ends.
 
 CPU tensors only. Supported: all_reduce (SUM, PRODUCT, MIN, MAX; AVG for floating types),
 all_gather (blocks of any size), all_gather_into_tensor, reduce_scatter (equal blocks),
-reduce_scatter_tensor, broadcast, barrier, send/recv (tag 0), reduce, gather, scatter,
+reduce_scatter_tensor, broadcast, barrier, send/recv (any tag; recv from any rank), reduce, gather, scatter,
 all_to_all / all_to_all_single (every pair of ranks linked: torchrun, one host, a full mesh),
 the coalesced forms DDP and FSDP use, and async_op=True; dtypes float32, float64, float16,
 bfloat16, int8, int32, int64, uint8. Anything else raises :class:`UnsupportedError` naming
@@ -29,10 +29,13 @@ scatter a broadcast of the root's blocks (each rank keeps its own), all-to-all o
 sends and receives.
 
 Sends and receives are held back until one of them is waited on (or another operation comes),
-then posted together as meshccl exchanges, one message per peer in each, so a ring shift
+then posted together as one batch of meshccl's tagged messages, so a ring shift
 (batch_isend_irecv: every rank sends first) cannot deadlock and either side may group its
-messages as it likes. Waiting on a Work completes it on the waiting thread; a Future asked
-for (DDP's) is completed by the group's own thread.
+messages as it likes. A receive takes the oldest message from its peer (or, recv without src,
+from any rank) with its tag; messages that come first wait in the communicator. A rank's
+messages must be received before the pair's next collective (meshccl.MismatchError names it).
+Waiting on a Work completes it on the waiting thread; a Future asked for (DDP's) is completed
+by the group's own thread.
 
 The group is a Python subclass of torch.distributed.ProcessGroup (c10d's Backend class cannot
 be subclassed from Python), so it serves a whole group: "cpu:meshccl,cuda:nccl" cannot be made.
@@ -41,6 +44,7 @@ be subclassed from Python), so it serves a whole group: "cpu:meshccl,cuda:nccl" 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -48,6 +52,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 import weakref
 from collections import Counter
 from collections.abc import Sequence
@@ -81,6 +86,9 @@ _OPS = {_R.SUM: "sum", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max", _R.AVG:
 
 class UnsupportedError(NotImplementedError):
     """An operation, reduction, dtype or argument the meshccl backend does not support."""
+
+
+_MONITOR_TAG = 2**32 - 1  # monitored_barrier's messages
 
 
 def _unsupported(op: str, what: str) -> UnsupportedError:
@@ -236,8 +244,16 @@ class _Work(dist._Work):
     completes it (for a send or receive: after posting the held-back batch it belongs to);
     `fut` is its Future (the output tensors)."""
 
-    def __init__(self, name: str, fut: Future, source: Callable[[], _Op], group: ProcessGroupMeshccl) -> None:
+    def __init__(
+        self,
+        name: str,
+        fut: Future,
+        source: Callable[[], _Op],
+        group: ProcessGroupMeshccl,
+        p2p: _P2P | None = None,
+    ) -> None:
         super().__init__()
+        self._p2p = p2p
         self._name = name
         self._fut = fut
         self._source = source
@@ -261,6 +277,14 @@ class _Work(dist._Work):
     def get_future(self) -> Future:
         self._completer.submit(self._source())
         return self._fut
+
+    def _source_rank(self) -> int:
+        """A receive's sender (torch asks after a receive from any rank), once it completed."""
+        if self._p2p is None or self._p2p.kind != "recv":
+            raise ValueError(f"meshccl backend: {self._name}: only a receive has a source rank")
+        if not self._fut.done():
+            raise ValueError(f"meshccl backend: {self._name}: the receive has not completed (wait() first)")
+        return self._p2p.source
 
     def is_completed(self) -> bool:
         op = self._source()
@@ -383,7 +407,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
 
     # -- running operations
 
-    def _run(self, op: str, body: Callable[[Callable[..., None]], Finish]) -> _Work:
+    def _run(self, op: str, body: Callable[[Callable[..., Any]], Finish]) -> _Work:
         """Posts the meshccl calls `body` makes through its argument; the Work completes, with
         `body`'s finishing step's result, once they are done."""
         with self._lock:
@@ -393,8 +417,9 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
             self._flush_p2p_locked()
             handles: list[Any] = []
 
-            def call(method: str, *args: Any, **kwargs: Any) -> None:
+            def call(method: str, *args: Any, **kwargs: Any) -> Any:
                 handles.append(self._link.call(method, *args, **kwargs))
+                return handles[-1]
 
             posted = self._track(_Op(op, handles, body(call)))
             return _Work(op, posted.fut, lambda: posted, self)
@@ -427,8 +452,12 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         return self._allreduce("all_reduce_coalesced", tensors, opts)
 
     def _allreduce(self, op: str, tensors: list[torch.Tensor], opts: Any) -> _Work:
-        tensors = [_check_tensor(op, t) for t in tensors]
         reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
+            if len(tensors) != 1:
+                raise _unsupported(op, "sparse tensors are reduced one at a time (all_reduce of one tensor)")
+            return self._sparse_allreduce(op, tensors[0], reduce_op)
+        tensors = [_check_tensor(op, t) for t in tensors]
         plans = []
         for t in tensors:
             name, avg = _reduction(op, reduce_op, t.dtype)
@@ -449,6 +478,52 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                     if copied:
                         _copy_back(t, buf)
                 return list(tensors)
+
+            return finish
+
+        return self._run(op, body)
+
+    def _sparse_allreduce(self, op: str, t: torch.Tensor, reduce_op: Any) -> _Work:
+        """SUM of sparse COO tensors, as Gloo does it: every rank's indices and values are gathered (padded to the
+        largest count, which an all-gather of the counts tells first), then summed and coalesced on every rank; the
+        result replaces t's contents (its number of entries may change)."""
+        kind = getattr(reduce_op, "op", reduce_op)
+        if kind != _R.SUM:
+            raise _unsupported(op, f"reduction {kind} of a sparse tensor is not supported: SUM only (as Gloo)")
+        if t.device.type != "cpu":
+            raise _unsupported(op, f"tensor on device {t.device}: meshccl moves CPU tensors only (use NCCL for GPUs)")
+        if t.dtype not in DTYPES:
+            raise _unsupported(op, f"dtype {t.dtype} is not supported; meshccl has {', '.join(str(d) for d in DTYPES)}")
+        x = t.detach().coalesce()
+        idx = x.indices().contiguous()  # sparse_dim x nnz, int64
+        val = x.values().contiguous()  # nnz x dense shape
+        sparse_dim, nnz = idx.shape
+        dense = tuple(val.shape[1:])
+        n = self._size
+
+        def body(call: Callable[..., Any]) -> Finish:
+            counts = torch.empty(n, dtype=torch.int64)
+            call("all_gather", torch.tensor([nnz], dtype=torch.int64), counts).wait()
+            most = int(counts.max())
+            pidx = torch.zeros((sparse_dim, most), dtype=torch.int64)
+            pidx[:, :nnz] = idx
+            pval = torch.zeros((most, *dense), dtype=val.dtype)
+            pval[:nnz] = val
+            gidx = torch.empty(n * pidx.numel(), dtype=torch.int64)
+            gval = torch.empty(n * pval.numel(), dtype=val.dtype)
+            call("all_gather", pidx.reshape(-1), gidx)
+            call("all_gather", pval.reshape(-1), gval)
+
+            def finish() -> list[torch.Tensor]:
+                ri = gidx.view(n, sparse_dim, most)
+                rv = gval.view(n, most, *dense)
+                got = [int(c) for c in counts]
+                indices = torch.cat([ri[r, :, : got[r]] for r in range(n)], dim=1)
+                values = torch.cat([rv[r, : got[r]] for r in range(n)], dim=0)
+                total = torch.sparse_coo_tensor(indices, values, t.shape).coalesce()
+                with torch.no_grad():
+                    t.copy_(total)
+                return [t]
 
             return finish
 
@@ -829,7 +904,53 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         return self._run("barrier", body)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        raise _unsupported("monitored_barrier", "not supported (Gloo only): use barrier()")
+        """Gloo's monitored barrier, for callers of the group's method (torch.distributed.monitored_barrier itself
+        refuses every backend but Gloo): rank 0 hears from every other rank, then answers each. When a rank does not
+        come within `timeout` (default: the group's), rank 0 raises naming every rank that did not (whatever
+        `wait_all_ranks`), and the others fail with its error; the group is then unusable, as after any meshccl
+        timeout. Messages with tag 2**32 - 1 are this call's."""
+        comm = self._live("monitored_barrier")
+        if timeout is None:
+            seconds = comm.timeout
+        else:  # 0 is a timeout too: rank 0 fails unless every rank is already there
+            seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        n = self._size
+        with self._lock:
+            self.calls["monitored_barrier"] += 1
+            self._flush_p2p_locked()
+            with self._unfinished_lock:
+                last = self._unfinished[-1] if self._unfinished else None
+            if last is not None:
+                self._complete_through(last)  # the engine is idle: the timeout below is this call's alone
+            before = comm.timeout
+            one = torch.ones(1, dtype=torch.uint8)
+            got = torch.zeros(1, dtype=torch.uint8)
+            start = time.monotonic()
+            try:
+                if self._rank != 0:
+                    comm.timeout = seconds
+                    comm.messages(sends=[(one, 0, _MONITOR_TAG)])
+                    comm.messages(recvs=[(got, 0, _MONITOR_TAG)])
+                    return
+                came: list[int] = []
+                try:
+                    for _ in range(n - 1):
+                        comm.timeout = max(seconds - (time.monotonic() - start), 1e-3)
+                        came.append(int(comm.messages(recvs=[(got, None, _MONITOR_TAG)])[0]))
+                except (meshccl.TimeoutError, meshccl.PeerError) as e:
+                    missing = ", ".join(map(str, sorted(set(range(1, n)) - set(came))))
+                    if isinstance(e, meshccl.PeerError):
+                        gone = f"Rank 0 in monitoredBarrier: rank(s) {missing} of {n} left: {e}"
+                        raise meshccl.PeerError(gone) from e
+                    raise meshccl.TimeoutError(
+                        f"Rank 0 timed out in monitoredBarrier after {seconds * 1000:.0f} ms: rank(s) {missing} "
+                        f"of {n} did not reach it"
+                    ) from e
+                comm.timeout = seconds
+                comm.messages(sends=[(one, q, _MONITOR_TAG) for q in range(1, n)])
+            finally:
+                with contextlib.suppress(meshccl.Error):  # closed meanwhile (abort)
+                    comm.timeout = before
 
     # -- all_to_all
 
@@ -901,7 +1022,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
             with torch.no_grad():
                 outs[me].copy_(ins[me].view(outs[me].shape))
 
-        return self._run(op, lambda call: self._post_p2p(call, p2p, local, result, one_batch=True))
+        return self._run(op, lambda call: self._post_p2p(call, p2p, local, result))
 
     # -- send / recv
 
@@ -912,28 +1033,29 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         return self._p2p_op("recv", tensors, srcRank, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> _Work:
-        raise _unsupported("recv from any source", "not supported: name the source rank (recv(tensor, src))")
+        return self._p2p_op("recv", tensors, None, tag)
 
-    def _p2p_op(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> _Work:
-        if tag:
-            raise _unsupported(
-                kind, f"tag {tag}: meshccl matches a pair's messages in the order they are sent and has no tags (use 0)"
-            )
+    def _p2p_op(self, kind: str, tensors: list[torch.Tensor], peer: int | None, tag: int) -> _Work:
+        if not 0 <= tag < 2**32:
+            raise ValueError(f"meshccl backend: {kind}: tag {tag} is not in 0 .. 2**32 - 1")
         if len(tensors) != 1:
             raise ValueError(f"meshccl backend: {kind}: one tensor, got {len(tensors)}")
         t = _check_tensor(kind, tensors[0])
-        self._check_rank(kind, "peer", peer)
-        if peer == self._rank:
-            raise ValueError(f"meshccl backend: {kind}: rank {peer} is this rank")
+        if peer is not None:
+            self._check_rank(kind, "peer", peer)
+            if peer == self._rank:
+                raise ValueError(f"meshccl backend: {kind}: rank {peer} is this rank")
+        elif self._size < 2:
+            raise ValueError(f"meshccl backend: {kind} from any rank: this rank is alone in its group")
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"meshccl backend: {kind} on a process group that was shut down")
-            self.calls[kind] += 1
+            self.calls[kind if peer is not None else "recv_anysource"] += 1
             buf, copied = _flat(t)
             # Held back until something waits on one of them or another operation comes: then the
             # sends and receives posted meanwhile go out together (batch_isend_irecv, a ring shift:
             # every rank sends first, and none waits for its send before its receive).
-            item = _P2P(kind, t, buf, copied, peer)
+            item = _P2P(kind, t, buf, copied, peer, tag)
             self._p2p.append(item)
 
             def source() -> _Op:
@@ -942,7 +1064,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 assert item.op is not None
                 return item.op
 
-            return _Work(kind, item.fut, source, self)
+            return _Work(kind, item.fut, source, self, item)
 
     def _flush_p2p(self) -> None:
         with self._lock:
@@ -952,14 +1074,14 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         if not self._p2p:
             return
         batch, self._p2p = self._p2p, []
-        p2p = [(i.kind, i.tensor, i.buf, i.copied, i.peer) for i in batch]
         handles: list[Any] = []
 
-        def call(method: str, *args: Any, **kwargs: Any) -> None:
+        def call(method: str, *args: Any, **kwargs: Any) -> Any:
             handles.append(self._link.call(method, *args, **kwargs))
+            return handles[-1]
 
         try:
-            finish = self._post_p2p(call, p2p, None, None)
+            finish = self._post_messages(call, batch)
         except BaseException as e:  # every held-back operation fails with the batch's error
             error = e.with_traceback(None)
 
@@ -983,40 +1105,34 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         for i in batch:
             i.op = op
 
+    def _post_messages(self, call: Callable[..., Any], batch: list[_P2P]) -> Finish:
+        """Posts held-back sends and receives as one batch of meshccl's tagged messages (posted together,
+        finished together: a ring shift cannot deadlock), matched as torch matches them: a receive takes the
+        oldest message from its peer (or from any rank) with its tag, however each side grouped its calls."""
+        sends = [(i.buf, i.peer, i.tag) for i in batch if i.kind == "send"]
+        recvs = [i for i in batch if i.kind == "recv"]
+        work = call("messages", sends=sends, recvs=[(i.buf, i.peer, i.tag) for i in recvs])
+
+        def finish() -> None:
+            for i, src in zip(recvs, work.result, strict=True):  # the rank each receive came from
+                i.source = int(src)
+                if i.copied:
+                    _copy_back(i.tensor, i.buf)
+
+        return finish
+
     def _post_p2p(
         self,
         call: Callable[..., None],
         p2p: list[tuple[str, torch.Tensor, torch.Tensor, bool, int]],
         local: Callable[[], None] | None,
         result: Any,
-        one_batch: bool = False,
     ) -> Finish:
-        """Posts sends and receives as meshccl exchanges (batches posted together, finished together).
-
-        meshccl counts a batch as one operation on every pair it names, and the other end must
-        name this rank in a batch of the same shape. torch matches messages one by one, however
-        each side happened to group them. So (unless `one_batch`: all-to-all, the same on every
-        rank) every batch carries at most one message per peer: batch k holds each peer's k-th
-        message. Each message is then one operation on its pair, whatever the other side's
-        grouping; messages to different peers still go out together (a ring shift cannot
-        deadlock). Within one flush a pair's two directions are put in one order both ends agree
-        on (the lower rank's send first); each direction keeps its own order."""
-        if one_batch:
-            batches = [p2p]
-        else:
-            by_peer: dict[int, list[tuple[str, torch.Tensor, torch.Tensor, bool, int]]] = {}
-            for item in p2p:
-                by_peer.setdefault(item[4], []).append(item)
-            for peer, items in by_peer.items():
-                first = "send" if self._rank < peer else "recv"
-                items.sort(key=lambda i, first=first: i[0] != first)  # stable: each direction keeps its order
-            rounds = max((len(v) for v in by_peer.values()), default=0)
-            batches = [[v[k] for v in by_peer.values() if k < len(v)] for k in range(rounds)]
-        for batch in batches:
-            sends = [(buf, peer) for kind, _t, buf, _c, peer in batch if kind == "send"]
-            recvs = [(buf, peer) for kind, _t, buf, _c, peer in batch if kind == "recv"]
-            if sends or recvs:
-                call("exchange", sends=sends, recvs=recvs)
+        """all-to-all: one meshccl exchange, the same on every rank (posted together, finished together)."""
+        sends = [(buf, peer) for kind, _t, buf, _c, peer in p2p if kind == "send"]
+        recvs = [(buf, peer) for kind, _t, buf, _c, peer in p2p if kind == "recv"]
+        if sends or recvs:
+            call("exchange", sends=sends, recvs=recvs)
 
         def finish() -> Any:
             if local is not None:
@@ -1078,14 +1194,18 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
 class _P2P:
     """A send or receive held back until its batch is posted."""
 
-    __slots__ = ("buf", "copied", "fut", "kind", "op", "peer", "tensor")
+    __slots__ = ("buf", "copied", "fut", "kind", "op", "peer", "source", "tag", "tensor")
 
-    def __init__(self, kind: str, tensor: torch.Tensor, buf: torch.Tensor, copied: bool, peer: int) -> None:
+    def __init__(
+        self, kind: str, tensor: torch.Tensor, buf: torch.Tensor, copied: bool, peer: int | None, tag: int
+    ) -> None:
         self.kind = kind
         self.tensor = tensor
         self.buf = buf
         self.copied = copied
-        self.peer = peer
+        self.peer = peer  # None: a receive from any rank
+        self.tag = tag
+        self.source = -1 if peer is None else peer  # the rank a receive came from, once it has
         self.fut: Future = Future()
         self.op: _Op | None = None
 

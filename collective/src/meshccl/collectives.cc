@@ -204,6 +204,36 @@ void exchange(Context& ctx, const std::vector<P2POp>& ops) {
   ctx.waitAll();
 }
 
+void messages(Context& ctx, std::vector<MessageOp>& ops) {
+  for (const MessageOp& op : ops) {
+    checkBuffer(op.buf, op.bytes, op.isSend ? "send buffer" : "recv buffer");
+    const bool any = !op.isSend && op.peer == -1;
+    MESHCCL_ENFORCE(any || (op.peer >= 0 && op.peer < ctx.size() && op.peer != ctx.rank()),
+                    op.isSend ? "send to " : "recv from ", "rank ", op.peer, ": not another rank of this world (size ",
+                    ctx.size(), ", this is rank ", ctx.rank(), ")");
+    MESHCCL_ENFORCE(any || ctx.connected(op.peer), "rank ", ctx.rank(), " and rank ", op.peer,
+                    " share no link; send/recv works between linked ranks only");
+    MESHCCL_ENFORCE(!any || ctx.size() > 1, "recv from any rank: rank ", ctx.rank(), " is alone in its world");
+  }
+  ctx.checkHealthy();
+  if (ops.empty()) return;
+  OpScope scope(ctx, call(Collective::kMessage, DataType::kUInt8, RedOp::kSum, 0));
+  std::vector<MessageRecv> recvs(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].isSend) ctx.postMessage(ops[i].peer, ops[i].tag, ops[i].buf, ops[i].bytes);
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    recvs[i] = MessageRecv{ops[i].peer, ops[i].tag, static_cast<char*>(ops[i].buf), ops[i].bytes};
+    if (!ops[i].isSend && ops[i].peer >= 0) ctx.receiveMessage(recvs[i]);
+  }
+  ctx.waitAll();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!ops[i].isSend && ops[i].peer < 0) ctx.receiveAnyMessage(recvs[i]);
+    ops[i].source = ops[i].isSend ? ops[i].peer : recvs[i].source;
+  }
+  ctx.waitAll();
+}
+
 void barrier(Context& ctx) {
   ctx.checkHealthy();
   if (ctx.size() == 1) return;

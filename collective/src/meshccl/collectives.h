@@ -35,6 +35,24 @@ struct P2POp {
 // operation on every pair it names; the other end must take part in a batch too, naming this
 // rank in the same order and with the same sizes (a size that differs raises MismatchError).
 void exchange(Context& ctx, const std::vector<P2POp>& ops);
+// Tagged messages, as MPI and torch.distributed pass them: a send names its peer and a tag; a
+// receive takes the oldest message from its peer (or from any linked rank, peer -1) with its
+// tag, whatever else that peer sent first: messages that arrive before their receive wait in
+// the context's stash (any size, kept across calls). Messages are not operations of the pair:
+// they may be sent in one call and received in a later one, but a rank's messages must all be
+// received before the pair runs a collective (a collective that meets one raises
+// MismatchError). Sizes must agree (MismatchError). `source` is set for each receive.
+struct MessageOp {
+  bool isSend = false;
+  void* buf = nullptr;
+  size_t bytes = 0;
+  int peer = -1;  // receive: -1 any linked rank
+  uint32_t tag = 0;
+  int source = -1;
+};
+// Sends, then receives from named ranks, are posted together and finished together (a ring
+// shift cannot deadlock); then each receive from any rank, in order.
+void messages(Context& ctx, std::vector<MessageOp>& ops);
 // Returns on every rank once every rank has entered it.
 void barrier(Context& ctx);
 

@@ -27,6 +27,7 @@ const char* collectiveName(Collective c) {
     case Collective::kSendRecv: return "send/recv";
     case Collective::kBarrier: return "barrier";
     case Collective::kBatch: return "send/recv batch";
+    case Collective::kMessage: return "message";
   }
   return "unknown-collective";
 }
@@ -37,6 +38,9 @@ std::string describe(const CallDesc& d) {
       return "barrier()";
     case Collective::kBatch:
       return "send/recv batch";
+    case Collective::kMessage:
+      return d.count == 0 && d.root == 0 ? "send/recv of tagged messages"
+                                         : cat("a message (tag ", d.root, ", ", d.count, " bytes)");
     case Collective::kAllReduce:
     case Collective::kReduceScatter:
       return cat(collectiveName(d.kind), "(", dtypeName(d.dtype), ", ", redopName(d.op), ", count=", d.count, ")");
@@ -139,6 +143,7 @@ Context::Context(Config config) : config_(std::move(config)) {
     config_.segmentBytes = config_.shmSegmentBytes;  // the same on every rank: all share one host
   }
   pairs_.assign(static_cast<size_t>(config_.size), nullptr);
+  waiting_.resize(static_cast<size_t>(config_.size));
   for (const auto& p : config_.peers) {
     if (p.rank < 0 || p.rank >= config_.size || p.rank == config_.rank) {
       raise(ErrorKind::kBootstrap, cat("rank ", config_.rank, ": peer rank ", p.rank, " is not another rank of a world of ",
@@ -353,6 +358,10 @@ void Context::beginOp(const CallDesc& desc) {
 
 void Context::endOp(bool failed) {
   inOp_ = false;
+  for (auto& w : waiting_) w.clear();
+  for (auto* pr : pairs_) {
+    if (pr != nullptr) pr->reading = false;
+  }
   if (failed && !poisoned_) {
     const std::string msg = cat("rank ", rank(), ": ", describe(desc_), " was interrupted; the communicator is unusable");
     poisoned_ = std::make_exception_ptr(Error(ErrorKind::kIo, msg));
@@ -639,7 +648,8 @@ bool Context::doRecv(Connection& c) {
     int n = 0;
     if (r.hdrDone < sizeof(FrameHeader)) {
       iov[n++] = {reinterpret_cast<char*>(&r.hdr) + r.hdrDone, sizeof(FrameHeader) - r.hdrDone};
-      if (r.len > 0) iov[n++] = {r.data, r.len};
+      // A reader learns from the header where the payload goes: it reads the header alone.
+      if (r.len > 0 && r.role != Req::Role::kReader) iov[n++] = {r.data, r.len};
     } else {
       iov[n++] = {r.data + r.done, r.len - r.done};
     }
@@ -662,13 +672,23 @@ bool Context::doRecv(Connection& c) {
       r.hdrDone += h;
       left -= h;
       r.done += left;
-      if (r.hdrDone == sizeof(FrameHeader)) checkHeader(c, r);
+      if (r.hdrDone == sizeof(FrameHeader)) {
+        if (r.role == Req::Role::kReader) {
+          takeMessageHeader(c, r);
+          if (r.done < r.len) continue;  // its payload may be here already
+        } else if (r.role == Req::Role::kSegment) {
+          checkSegment(c, r);
+        } else {
+          checkHeader(c, r);
+        }
+      }
     } else {
       r.done += left;
     }
     if (r.hdrDone == sizeof(FrameHeader) && r.done == r.len) {
       c.recvq.pop_front();
       r.complete = true;
+      if (r.role == Req::Role::kReader) messageDone(c, r);
       if (r.handler != nullptr) r.handler->onComplete(r);
     } else {
       return moved;
@@ -690,7 +710,10 @@ void Context::checkHeader(Connection& c, Req& r) {
   const Pair& p = *pairs_[c.peer];
   if (theirs != desc_ || h.pairOp != p.opIndex) {
     std::string what;
-    if (theirs != desc_) {
+    if (theirs.kind == Collective::kMessage) {
+      what = cat("rank ", c.peer, " sent ", describe(theirs), " that no receive on rank ", rank(), " took before it called ",
+                 describe(desc_));
+    } else if (theirs != desc_) {
       what = cat("rank ", c.peer, " called ", describe(theirs), " while rank ", rank(), " called ", describe(desc_));
     } else {
       what = cat("rank ", c.peer, " is at its operation #", h.pairOp, " with rank ", rank(), ", which is at #",
@@ -735,6 +758,275 @@ void Context::peek(Connection& c) {
     receiveAbort(c, h, nullptr, 0);
   }
   c.peekIdleOp = opCounter_;  // a frame of a later operation: read it then
+}
+
+// --- tagged messages --------------------------------------------------------------------------
+
+namespace {
+
+// A message's frames: segments of at most segmentBytes (more for a message over 65535 of them,
+// whose index must fit the header's 16 bits), split alike on both ends.
+size_t messageSegments(size_t bytes, size_t segmentBytes) {
+  const size_t cap = std::max<size_t>({segmentBytes, 1, (bytes + 65534) / 65535});
+  return std::max<size_t>(1, (bytes + cap - 1) / cap);
+}
+
+size_t messagePart(size_t bytes, size_t segs, size_t k) {
+  const size_t base = bytes / segs;
+  const size_t extra = bytes % segs;
+  return k * base + std::min(k, extra);
+}
+
+uint32_t segmentOf(const FrameHeader& h) { return static_cast<uint32_t>(h.dtype) | static_cast<uint32_t>(h.op) << 8; }
+
+}  // namespace
+
+void Context::postMessage(int peer, uint32_t tag, const void* data, size_t len) {
+  Pair& p = pair(peer);
+  const uint32_t seq = p.msgSent++;
+  const size_t segs = messageSegments(len, config_.segmentBytes);
+  const char* base = static_cast<const char*>(data);
+  for (size_t k = 0; k < segs; ++k) {
+    const size_t o = messagePart(len, segs, k);
+    const size_t l = messagePart(len, segs, k + 1) - o;
+    Connection& c = *p.conns[k % p.conns.size()];
+    Req* r = newReq();
+    r->data = const_cast<char*>(base + o);
+    r->len = l;
+    r->isSend = true;
+    r->peer = peer;
+    FrameHeader h{};
+    h.magic = kFrameMagic | kFrameData;
+    h.pairOp = seq;
+    h.kind = static_cast<uint8_t>(Collective::kMessage);
+    h.dtype = static_cast<uint8_t>(k & 0xff);
+    h.op = static_cast<uint8_t>(k >> 8);
+    h.root = tag;
+    h.count = len;
+    h.len = l;
+    r->hdr = h;
+    c.sendq.push_back(r);
+  }
+}
+
+bool Context::takeStashed(MessageRecv& m) {
+  for (auto it = stash_.begin(); it != stash_.end(); ++it) {
+    if (it->tag != m.tag || (m.peer >= 0 && it->peer != m.peer)) continue;
+    if (it->data.size() != m.bytes) {
+      fail(ErrorKind::kMismatch, cat("mismatched send/recv: rank ", it->peer, " sent ", it->data.size(),
+                                     " bytes with tag ", it->tag, " where rank ", rank(), " receives ", m.bytes,
+                                     " bytes from it with that tag"));
+    }
+    if (m.bytes > 0) std::memcpy(m.buf, it->data.data(), m.bytes);
+    m.source = it->peer;
+    m.matched = true;
+    stash_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void Context::receiveMessage(MessageRecv& m) {
+  MESHCCL_ENFORCE(connected(m.peer), "rank ", rank(), " and rank ", m.peer,
+                  " share no link; send/recv works between linked ranks only");
+  if (takeStashed(m)) return;
+  waiting_[m.peer].push_back(&m);
+  postReader(m.peer);
+}
+
+void Context::postReader(int peer) {
+  Pair& p = pair(peer);
+  if (p.reading) return;
+  Connection& c = *p.conns[0];
+  if (c.eof) {
+    failClosed(c, cat("rank ", rank(), ": rank ", peer, " (", c.remote,
+                      ") closed its connection (it exited or was killed) before ", describe(desc_)));
+  }
+  Req* r = newReq();
+  r->peer = peer;
+  r->role = Req::Role::kReader;
+  c.recvq.push_back(r);
+  p.reading = true;
+}
+
+void Context::takeMessageHeader(Connection& c, Req& r) {
+  const FrameHeader& h = r.hdr;
+  if ((h.magic & 0xffff0000u) != kFrameMagic) {
+    fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error on the connection from rank ", c.peer, " (", c.remote,
+                             "): not a meshccl frame"));
+  }
+  if ((h.magic & 0xffffu) == kFrameAbort) receiveAbort(c, h, nullptr, 0);
+  if (h.kind != static_cast<uint8_t>(Collective::kMessage)) {
+    fail(ErrorKind::kMismatch, cat("mismatched calls: rank ", c.peer, " called ", describe(descOf(h)), " while rank ",
+                                   rank(), " waits for a message from it. Every rank must make the same calls in the "
+                                   "same order; messages are received with recv, in any order of tags."));
+  }
+  Pair& p = pair(c.peer);
+  if (h.pairOp != p.msgReceived || segmentOf(h) != 0) {
+    fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error from rank ", c.peer, ": message #", h.pairOp,
+                             " segment ", segmentOf(h), " where #", p.msgReceived, " segment 0 was due"));
+  }
+  ++p.msgReceived;
+  const size_t bytes = h.count;
+  const size_t segs = messageSegments(bytes, config_.segmentBytes);
+  MessageRecv* into = nullptr;
+  auto& waiting = waiting_[c.peer];
+  for (auto it = waiting.begin(); it != waiting.end(); ++it) {
+    if (!(*it)->matched && (*it)->tag == h.root) {
+      into = *it;
+      waiting.erase(it);
+      break;
+    }
+  }
+  char* dest;
+  if (into != nullptr) {
+    if (into->bytes != bytes) {
+      fail(ErrorKind::kMismatch, cat("mismatched send/recv: rank ", c.peer, " sent ", bytes, " bytes with tag ",
+                                     h.root, " where rank ", rank(), " receives ", into->bytes,
+                                     " bytes from it with that tag"));
+    }
+    into->matched = true;
+    into->source = c.peer;
+    dest = into->buf;
+  } else {
+    stash_.push_back(StashedMessage{c.peer, h.root, std::vector<char>(bytes)});
+    dest = stash_.back().data.data();
+    log(2, cat("rank ", rank(), ": a message from rank ", c.peer, " with tag ", h.root, " (", bytes,
+               " bytes) waits for its receive"));
+  }
+  const size_t first = messagePart(bytes, segs, 1);
+  if (h.len != first) {
+    fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error from rank ", c.peer, ": a ", h.len,
+                             "-byte first segment of a ", bytes, "-byte message (", first, " expected)"));
+  }
+  r.data = dest;
+  r.len = first;
+  r.done = 0;  // a reader reads the header alone
+  for (size_t k = 1; k < segs; ++k) {
+    const size_t o = messagePart(bytes, segs, k);
+    Connection& to = *p.conns[k % p.conns.size()];
+    Req* s = newReq();
+    s->data = dest + o;
+    s->len = messagePart(bytes, segs, k + 1) - o;
+    s->peer = c.peer;
+    s->role = Req::Role::kSegment;
+    s->msgSeq = h.pairOp;
+    s->msgSeg = static_cast<uint32_t>(k);
+    to.recvq.push_back(s);
+  }
+}
+
+void Context::checkSegment(Connection& c, Req& r) {
+  const FrameHeader& h = r.hdr;
+  if ((h.magic & 0xffff0000u) != kFrameMagic) {
+    fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error on the connection from rank ", c.peer, " (", c.remote,
+                             "): not a meshccl frame"));
+  }
+  if ((h.magic & 0xffffu) == kFrameAbort) receiveAbort(c, h, r.data, std::min(r.done, r.len));
+  if (h.kind != static_cast<uint8_t>(Collective::kMessage) || h.pairOp != r.msgSeq || segmentOf(h) != r.msgSeg ||
+      h.len != r.len) {
+    fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error from rank ", c.peer, ": ", describe(descOf(h)),
+                             " where segment ", r.msgSeg, " of message #", r.msgSeq, " (", r.len, " bytes) was due"));
+  }
+}
+
+void Context::messageDone(Connection& c, Req& r) {
+  (void)r;
+  Pair& p = pair(c.peer);
+  p.reading = false;
+  auto& waiting = waiting_[c.peer];
+  // A receive from any rank waits here only for this one message; a named one keeps reading.
+  waiting.erase(std::remove_if(waiting.begin(), waiting.end(), [](MessageRecv* m) { return m->peer < 0; }),
+                waiting.end());
+  if (!waiting.empty()) postReader(c.peer);
+}
+
+int Context::peekFrame(Connection& c, FrameHeader& h) {
+  ssize_t got;
+  if (c.shm) {
+    const bool closed = c.peerGone || c.shm->peerClosedWrite();
+    got = static_cast<ssize_t>(c.shm->peek(&h, sizeof(h)));
+    if (got == 0) return closed ? -1 : 0;
+  } else {
+    got = ::recv(c.fd.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+    if (got == 0) return -1;
+    if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+  }
+  return static_cast<size_t>(got) == sizeof(h) ? 1 : 0;
+}
+
+void Context::receiveAnyMessage(MessageRecv& m) {
+  for (;;) {
+    if (takeStashed(m)) return;
+    bool pending = false;
+    for (auto* c : allConns_) pending = pending || !c->sendq.empty() || !c->recvq.empty();
+    if (pending) {  // this operation's sends, and segments still landing, first
+      progress();
+      continue;
+    }
+    std::vector<Connection*> quiet;
+    bool again = false;
+    Connection* closed = nullptr;  // a rank that sent all it had and left is no error while others may send
+    for (int peer = 0; peer < size(); ++peer) {
+      if (!connected(peer)) continue;
+      Connection& c = *pairs_[peer]->conns[0];
+      FrameHeader h{};
+      const int st = peekFrame(c, h);
+      if (st < 0) {
+        c.eof = true;
+        closed = &c;
+        continue;
+      }
+      if (st == 0) {
+        quiet.push_back(&c);
+        continue;
+      }
+      const bool abortFrame = (h.magic & 0xffffu) == kFrameAbort;
+      if (!abortFrame && h.kind != static_cast<uint8_t>(Collective::kMessage)) continue;  // a rank already ahead
+      waiting_[peer].push_back(&m);
+      postReader(peer);
+      waitAll();
+      if (m.matched) return;
+      again = true;  // the message had another tag (stashed): look again
+      break;
+    }
+    if (again) continue;
+    if (quiet.empty() && closed != nullptr) {
+      failClosed(*closed, cat("rank ", rank(), ": rank ", closed->peer, " (", closed->remote,
+                              ") closed the connection (it exited or was killed) while rank ", rank(),
+                              " waits for a message from any rank, and no other rank can send one"));
+    }
+    waitForAny(quiet);  // none quiet: every rank is ahead in a collective, and this waits for the deadline
+  }
+}
+
+void Context::waitForAny(const std::vector<Connection*>& conns) {
+  if (abortRequested_.load(std::memory_order_acquire)) failAborted();
+  if (interruptCheck_) pollInterrupts();
+  const double left = deadline_ - monotonicSeconds();
+  if (left <= 0) timeoutFail();
+  std::vector<pollfd> fds;
+  bool shm = false;
+  for (auto* c : conns) {
+    if (c->shm) {
+      shm = true;
+      if (c->fd && !c->peerGone) fds.push_back(pollfd{c->fd.get(), POLLIN, 0});  // end of stream only
+    } else {
+      fds.push_back(pollfd{c->fd.get(), POLLIN, 0});
+    }
+  }
+  if (wakeRead_) fds.push_back(pollfd{wakeRead_.get(), POLLIN, 0});
+  int ms = static_cast<int>(std::min(std::ceil(left * 1000), 50.0));
+  if (shm) {
+    sched_yield();  // nothing wakes poll() when a ring fills
+    ms = std::min(ms, 1);
+  }
+  if (::poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) {
+    fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
+  }
+  for (auto* c : conns) {
+    if (c->shm && c->fd) checkLiveness(*c);
+  }
 }
 
 void Context::receiveAbort(Connection& c, const FrameHeader& hdr, const char* prefix, size_t prefixLen) {

@@ -109,6 +109,24 @@ struct ConnectStats {
 
 class Context;
 
+// One receive of a tagged message (messages(), collectives.h): `bytes` at `buf` from `peer` (-1:
+// any linked rank) whose sender gave `tag`.
+struct MessageRecv {
+  int peer = -1;
+  uint32_t tag = 0;
+  char* buf = nullptr;
+  size_t bytes = 0;
+  int source = -1;       // the rank it came from, once matched
+  bool matched = false;  // a message was given to this receive (its segments may still be landing)
+};
+
+// A message no receive wanted when it arrived: kept until one does (in arrival order).
+struct StashedMessage {
+  int peer = -1;
+  uint32_t tag = 0;
+  std::vector<char> data;
+};
+
 // One posted send or receive of one frame.
 struct Req {
   struct Handler {
@@ -128,6 +146,12 @@ struct Req {
   Handler* handler = nullptr;
   uint64_t tag = 0;  // the algorithm's own bookkeeping
   int peer = -1;
+  // Messages: a reader takes the header of the peer's next message and then decides where its
+  // payload goes (a waiting receive, or the stash); a segment is a later frame of that message.
+  enum class Role : uint8_t { kFrame, kReader, kSegment };
+  Role role = Role::kFrame;
+  uint32_t msgSeq = 0;
+  uint32_t msgSeg = 0;
 };
 
 struct Connection {
@@ -150,6 +174,12 @@ struct Pair {
   uint64_t lastOp = 0;   // context op counter when opIndex was last advanced
   bool sameHost = false;
   int pid = 0;           // the peer's process, when this rank can read its memory (single copy)
+  // Tagged messages do not count as operations of the pair (a message may be taken long after
+  // it was sent, or from the stash): each direction numbers its own, so a lost or doubled
+  // frame is caught.
+  uint32_t msgSent = 0;
+  uint32_t msgReceived = 0;
+  bool reading = false;  // a reader is posted on the first connection
 };
 
 class Context {
@@ -217,6 +247,19 @@ class Context {
   void progress();
   void wait(Req* req);
   void waitAll();  // every request of this operation
+  // --- tagged messages (messages(), collectives.h); inside an operation ---------------------
+  // Posts one message to `peer`: frames of kind kMessage carrying the tag and the total size,
+  // striped over the pair's connections like any large transfer.
+  void postMessage(int peer, uint32_t tag, const void* data, size_t len);
+  // Gives `m` the oldest stashed message that fits it (true), or queues it on its peer: the
+  // peer's next messages go to the first waiting receive with their tag, the others to the
+  // stash. m.peer must be a rank (not -1). `m` must outlive the operation.
+  void receiveMessage(MessageRecv& m);
+  // A receive from any linked rank: the stash first, else the first message any peer sends
+  // (messages with another tag are stashed on the way). Drives the operation's other requests.
+  void receiveAnyMessage(MessageRecv& m);
+  size_t stashedMessages() const { return stash_.size(); }
+
   // Scratch memory owned by the context, reused across operations (grown, never shrunk).
   char* scratch(size_t bytes);
   [[noreturn]] void fail(ErrorKind kind, const std::string& message);
@@ -242,6 +285,14 @@ class Context {
   bool doSend(Connection& c);
   bool doRecv(Connection& c);
   void checkHeader(Connection& c, Req& r);
+  void checkSegment(Connection& c, Req& r);
+  void takeMessageHeader(Connection& c, Req& r);
+  void messageDone(Connection& c, Req& r);
+  void postReader(int peer);
+  bool takeStashed(MessageRecv& m);
+  // The first connection's next frame: 1 a whole header in h, 0 nothing yet, -1 closed.
+  int peekFrame(Connection& c, FrameHeader& h);
+  void waitForAny(const std::vector<Connection*>& conns);
   void peek(Connection& c);
   [[noreturn]] void receiveAbort(Connection& c, const FrameHeader& hdr, const char* prefix, size_t prefixLen);
   void sendAborts(ErrorKind kind, const std::string& message);
@@ -281,6 +332,8 @@ class Context {
   std::deque<Req> reqs_;  // requests of the current operation (stable addresses)
   size_t reqsUsed_ = 0;
   std::vector<char> scratch_;
+  std::vector<std::vector<MessageRecv*>> waiting_;  // by peer: receives of this operation not yet given a message
+  std::deque<StashedMessage> stash_;
   // abort(): the flag, its reason, and a pipe whose read end is in every poll() of an operation.
   std::atomic<double> timeout_{0};
   std::atomic<bool> abortRequested_{false};

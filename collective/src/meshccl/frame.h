@@ -34,6 +34,10 @@ enum class Collective : uint8_t {
   kSendRecv = 5,
   kBarrier = 6,
   kBatch = 7,  // a batch of sends and receives (exchange): its frames match only another batch
+  // A tagged message (messages()). Its frames carry the tag in `root`, the message's size in
+  // `count`, the sender's message number to this peer in `pairOp` and the segment's index in
+  // `dtype` (low byte) and `op` (high byte).
+  kMessage = 8,
 };
 
 const char* collectiveName(Collective c);

@@ -270,6 +270,45 @@ class Communicator {
     return go(async, [ops = std::move(ops)](meshccl::Context& c) { meshccl::exchange(c, ops); });
   }
 
+  // Tagged messages (meshccl::messages): sends and receives [(array, peer, tag)], raw bytes; a
+  // receive's peer -1 takes the first message with its tag from any linked rank. `sources`, if
+  // given, is a writable int32 array with one slot per receive: the rank each came from.
+  nb::object messages(const std::vector<std::tuple<InArray, int, int64_t>>& sends,
+                      const std::vector<std::tuple<nb::object, int, int64_t>>& recvs, nb::object sources,
+                      bool async) {
+    auto ops = std::make_shared<std::vector<meshccl::MessageOp>>();
+    auto tagOf = [](int64_t tag) {
+      if (tag < 0 || tag > 0xffffffffLL) throw nb::value_error("messages: a tag is 0 to 2**32 - 1");
+      return static_cast<uint32_t>(tag);
+    };
+    for (const auto& [a, peer, tag] : sends) {
+      ops->push_back({true, const_cast<void*>(a.data()), a.nbytes(), peer, tagOf(tag)});
+    }
+    for (const auto& [o, peer, tag] : recvs) {
+      OutArray a;
+      if (!nb::try_cast<OutArray>(o, a, false)) {
+        throw nb::type_error("messages: a receive buffer must be a writable C-contiguous CPU array");
+      }
+      ops->push_back({false, a.data(), a.nbytes(), peer, tagOf(tag)});
+    }
+    int32_t* out = nullptr;
+    if (!sources.is_none()) {
+      OutArray s;
+      if (!nb::try_cast<OutArray>(sources, s, false) || s.dtype() != nb::dtype<int32_t>() ||
+          s.size() != recvs.size()) {
+        throw nb::type_error("messages: sources must be a writable int32 array with one slot per receive");
+      }
+      out = static_cast<int32_t*>(s.data());
+    }
+    const size_t first = sends.size();
+    return go(async, [ops, out, first](meshccl::Context& c) {
+      meshccl::messages(c, *ops);
+      if (out != nullptr) {
+        for (size_t i = first; i < ops->size(); ++i) out[i - first] = (*ops)[i].source;
+      }
+    });
+  }
+
   nb::object barrier(bool async) {
     return go(async, [](meshccl::Context& c) { meshccl::barrier(c); });
   }
@@ -456,6 +495,8 @@ NB_MODULE(_meshccl, m) {
       .def("send", &Communicator::send, "buffer"_a, "dst"_a, "dtype"_a, "async_op"_a = false)
       .def("recv", &Communicator::recv, "buffer"_a.noconvert(), "src"_a, "dtype"_a, "async_op"_a = false)
       .def("exchange", &Communicator::exchange, "sends"_a, "recvs"_a, "async_op"_a = false)
+      .def("messages", &Communicator::messages, "sends"_a, "recvs"_a, "sources"_a = nb::none(),
+           "async_op"_a = false)
       .def("barrier", &Communicator::barrier, "async_op"_a = false)
       .def("abort", &Communicator::abort, "reason"_a)
       .def("close", &Communicator::close);
