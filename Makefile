@@ -22,7 +22,7 @@ export CCACHE_NOHASHDIR := true
 endif
 
 .PHONY: all demo demo-down test test-steps test-checks lint sanity unit integration deps venv clean meshccl meshccl-cpp meshccl-sanitize meshccl-fuzz \
-	meshccl-portable meshccl-macos bench bench-deps bench-scale torch-suite
+	meshccl-portable meshccl-macos bench bench-deps bench-scale bench-ab torch-suite
 
 # meshccl: the package (pip, CMake via scikit-build-core), its C++ tests, and the same tests
 # under AddressSanitizer + UndefinedBehaviorSanitizer, each built in its own directory.
@@ -182,6 +182,21 @@ bench: bench-deps
 SCALE_ARGS ?=
 bench-scale: bench-deps
 	$(BIN)/python bench/scale.py $(SCALE_ARGS)
+
+## meshccl A/B (bench/README.md): the working tree's meshccl against commit REF's, both built alike outside the
+## checkout (.cache/bench-ab/), meshccl.bench interleaved round by round; per rank count and size both medians, B/A and
+## the run-to-run spread: bench/results/ab-meshccl-<sha>.{md,json}. Needs REF: make bench-ab REF=HEAD~1
+## Extra flags: make bench-ab REF=main AB_ARGS="--ranks 2 --rounds 3 --min 64K --max 16M"
+REF ?=
+AB_ARGS ?=
+ifneq ($(filter bench-ab,$(MAKECMDGOALS)),)
+ifeq ($(strip $(REF)),)
+$(error bench-ab needs REF, the commit to compare the working tree against: make bench-ab REF=HEAD~1 [AB_ARGS="--ranks 2"])
+endif
+endif
+bench-ab: bench-deps
+	@test -n "$(REF)" || { echo "bench-ab needs REF=<commit>, e.g. make bench-ab REF=HEAD~1" >&2; exit 2; }
+	$(BIN)/python bench/meshccl_ab.py --ref '$(REF)' $(AB_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .cache/meshccl collective/build "$${XDG_CACHE_HOME:-$$HOME/.cache}/meshkit/meshccl-wheels"
