@@ -338,10 +338,25 @@ def finish(res: Results, out: Path, name: str, started: float) -> None:
 # --- modes ----------------------------------------------------------------------------------------
 
 
+@contextmanager
+def busy_cores(n: int) -> Iterator[None]:
+    """n processes that spin on the CPU (as training's compute threads do) until the block ends."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    if spinners:
+        say(f"{n} spinning processes hold the cores: pids {' '.join(str(s.pid) for s in spinners)}")
+    try:
+        yield
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+
+
 def run_loopback(args: argparse.Namespace) -> int:
     started = time.monotonic()
     res = Results("loopback", args.sizes, args.ranks, args.libs, params=common_params(args))
     res.params["machine_note"] = machine_note()
+    res.params["busy"] = args.busy
     tmp = Path(tempfile.mkdtemp(prefix="mkbench-"))
     logdir = args.out / "logs" / "loopback"
     logdir.mkdir(parents=True, exist_ok=True)
@@ -385,7 +400,7 @@ def run_loopback(args: argparse.Namespace) -> int:
             job.stop(grace=2)
         ctl.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    finish(res, args.out, "loopback", started)
+    finish(res, args.out, f"loopback-busy{args.busy}" if args.busy else "loopback", started)
     return 130 if res.params.get("interrupted") else (1 if any(c.wrong for c in res.cells.values()) else 0)
 
 
@@ -520,6 +535,13 @@ def main(argv: list[str] | None = None) -> int:
     lp = sub.add_parser("loopback", parents=[common], help="every library on this machine (default)")
     lp.add_argument("--libs", default=",".join(LOOPBACK_LIBS), help=f"comma list from {','.join(LOOPBACK_LIBS)}")
     lp.add_argument("--ranks", default="2,4", help="comma list of rank counts (2,4)")
+    lp.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="processes spinning on the CPU for the whole run (0): collectives while training's compute threads hold "
+        "the cores; results go to loopback-busy<N>.*",
+    )
     lb = sub.add_parser("lab", parents=[common], help="meshkit's rate-limited lab (root)")
     lb.add_argument("--shape", choices=("ring", "mesh"), default="ring")
     lb.add_argument("--size", type=int, default=4, help="hosts, one rank each (4)")
@@ -550,7 +572,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--ranks takes a comma list of numbers")
         if not args.ranks or min(args.ranks) < 2:
             p.error("--ranks: every rank count must be >= 2")
-        return run_loopback(args)
+        if args.busy < 0:
+            p.error("--busy must be >= 0")
+        with busy_cores(args.busy):
+            return run_loopback(args)
     if args.size < 2:
         p.error("--size must be >= 2")
     try:

@@ -1,6 +1,7 @@
 """meshccl under PyTorch's own distributed tests: a selection of torch's _DistTestBase (torch_suite_run.SELECTIONS:
-the collectives, p2p, a full group and DDP on CPU), run as PyTorch runs the suite for Gloo
-(tests/meshccl/torch_suite.py), at WORLD_SIZE=2. Every selected test passes under Gloo on this machine's CPU torch;
+the collectives, p2p with tags and from any rank, sparse all_reduce, timeouts, object collectives, a full group and
+DDP on CPU), run as PyTorch runs the suite for Gloo (tests/meshccl/torch_suite.py, every gate opened where it opens for
+Gloo), at WORLD_SIZE=2. Every selected test passes under Gloo on this machine's CPU torch;
 each must pass under meshccl. The whole suite against both backends, with its table: `make torch-suite`."""
 
 from __future__ import annotations

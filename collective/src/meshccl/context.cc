@@ -973,7 +973,13 @@ void Context::receiveAnyMessage(MessageRecv& m) {
       FrameHeader h{};
       const int st = peekFrame(c, h);
       if (st < 0) {
-        c.eof = true;
+        if (!c.eof) {  // gone: a failing rank left its ABORT on one of its connections (fail with its error)
+          c.eof = true;
+          const double until = monotonicSeconds() + 0.5;
+          for (auto& other : pairs_[peer]->conns) {
+            if (other.get() != &c && (other->fd || other->shm)) findAbort(*other, until);
+          }
+        }
         closed = &c;
         continue;
       }

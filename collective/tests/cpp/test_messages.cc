@@ -183,6 +183,28 @@ TEST_P(MessagesTest, ACollectiveThatMeetsAMessageNoReceiveTookRaisesMismatch) {
       << errors[1];
 }
 
+TEST_P(MessagesTest, AReceiveFromAnyRankFailsWithTheErrorOfARankThatAborts) {
+  std::string error;
+  EXPECT_THROW(runRanks(3, topo(GetParam()), [&](Context& c) {
+                 if (c.rank() == 2) {
+                   c.requestAbort("rank 2 gives up");
+                   c.abortIfRequested();  // its ABORTs go out now; then it leaves
+                   return;
+                 }
+                 if (c.rank() == 1) return;  // sends nothing and leaves: no error by itself
+                 auto in = filled(10, -1);
+                 std::vector<MessageOp> ops{recvOf(in, -1, 0)};
+                 try {
+                   messages(c, ops);
+                 } catch (const Error& e) {
+                   error = e.what();
+                   throw;
+                 }
+               }),
+               Error);
+  EXPECT_NE(error.find("rank 2 gives up"), std::string::npos) << error;
+}
+
 INSTANTIATE_TEST_SUITE_P(Links, MessagesTest, ::testing::Values(false, true),
                          [](const auto& p) { return p.param ? "shm" : "tcp"; });
 
