@@ -934,7 +934,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                     return
                 came: list[int] = []
                 try:
-                    for _ in range(n - 1):
+                    while len(came) < n - 1:
                         comm.timeout = max(seconds - (time.monotonic() - start), 1e-3)
                         came.append(int(comm.messages(recvs=[(got, None, _MONITOR_TAG)])[0]))
                 except (meshccl.TimeoutError, meshccl.PeerError) as e:
