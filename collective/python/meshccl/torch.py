@@ -1114,7 +1114,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         work = call("messages", sends=sends, recvs=[(i.buf, i.peer, i.tag) for i in recvs])
 
         def finish() -> None:
-            for i, src in zip(recvs, work.result, strict=True):  # the rank each receive came from
+            for i, src in zip(recvs, work.result):  # the rank each receive came from (one per receive)
                 i.source = int(src)
                 if i.copied:
                     _copy_back(i.tensor, i.buf)
