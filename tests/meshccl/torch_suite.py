@@ -60,15 +60,15 @@ if BACKEND == "meshccl":
 
 from torch.testing._internal.common_utils import run_tests  # noqa: E402 - after the feature sets
 
-if BACKEND != "gloo" and GATES == "gloo":
-    # The decorators run once, at this import, with BACKEND read from the environment: let them see Gloo's name.
+# The decorators run once, at this import, with BACKEND read from the environment: under "gloo" gates they see
+# Gloo's name, and the module's BACKEND (what init_process_group and the tests' bodies read) is ours again after.
+if GATES == "gloo":
     os.environ["BACKEND"] = "gloo"
-    try:
-        from torch.testing._internal.distributed import distributed_test as _first_import
-    finally:
-        os.environ["BACKEND"] = BACKEND
-    _first_import.BACKEND = BACKEND  # what init_process_group and the tests' bodies read from here on
-from torch.testing._internal.distributed import distributed_test  # noqa: E402
+try:
+    from torch.testing._internal.distributed import distributed_test
+finally:
+    os.environ["BACKEND"] = BACKEND
+distributed_test.BACKEND = BACKEND
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
 
 if not dist.is_available():

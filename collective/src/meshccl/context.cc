@@ -688,7 +688,7 @@ bool Context::doRecv(Connection& c) {
     if (r.hdrDone == sizeof(FrameHeader) && r.done == r.len) {
       c.recvq.pop_front();
       r.complete = true;
-      if (r.role == Req::Role::kReader) messageDone(c, r);
+      if (r.role == Req::Role::kReader) messageDone(c);
       if (r.handler != nullptr) r.handler->onComplete(r);
     } else {
       return moved;
@@ -697,15 +697,18 @@ bool Context::doRecv(Connection& c) {
   return moved;
 }
 
-void Context::checkHeader(Connection& c, Req& r) {
+void Context::checkFrame(Connection& c, Req& r) {
   const FrameHeader& h = r.hdr;
   if ((h.magic & 0xffff0000u) != kFrameMagic) {
     fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error on the connection from rank ", c.peer, " (", c.remote,
                              "): not a meshccl frame"));
   }
-  if ((h.magic & 0xffffu) == kFrameAbort) {
-    receiveAbort(c, h, r.data, std::min(r.done, r.len));
-  }
+  if ((h.magic & 0xffffu) == kFrameAbort) receiveAbort(c, h, r.data, std::min(r.done, r.len));
+}
+
+void Context::checkHeader(Connection& c, Req& r) {
+  const FrameHeader& h = r.hdr;
+  checkFrame(c, r);
   const CallDesc theirs = descOf(h);
   const Pair& p = *pairs_[c.peer];
   if (theirs != desc_ || h.pairOp != p.opIndex) {
@@ -851,11 +854,7 @@ void Context::postReader(int peer) {
 
 void Context::takeMessageHeader(Connection& c, Req& r) {
   const FrameHeader& h = r.hdr;
-  if ((h.magic & 0xffff0000u) != kFrameMagic) {
-    fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error on the connection from rank ", c.peer, " (", c.remote,
-                             "): not a meshccl frame"));
-  }
-  if ((h.magic & 0xffffu) == kFrameAbort) receiveAbort(c, h, nullptr, 0);
+  checkFrame(c, r);
   if (h.kind != static_cast<uint8_t>(Collective::kMessage)) {
     fail(ErrorKind::kMismatch, cat("mismatched calls: rank ", c.peer, " called ", describe(descOf(h)), " while rank ",
                                    rank(), " waits for a message from it. Every rank must make the same calls in the "
@@ -918,11 +917,7 @@ void Context::takeMessageHeader(Connection& c, Req& r) {
 
 void Context::checkSegment(Connection& c, Req& r) {
   const FrameHeader& h = r.hdr;
-  if ((h.magic & 0xffff0000u) != kFrameMagic) {
-    fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error on the connection from rank ", c.peer, " (", c.remote,
-                             "): not a meshccl frame"));
-  }
-  if ((h.magic & 0xffffu) == kFrameAbort) receiveAbort(c, h, r.data, std::min(r.done, r.len));
+  checkFrame(c, r);
   if (h.kind != static_cast<uint8_t>(Collective::kMessage) || h.pairOp != r.msgSeq || segmentOf(h) != r.msgSeg ||
       h.len != r.len) {
     fail(ErrorKind::kIo, cat("rank ", rank(), ": protocol error from rank ", c.peer, ": ", describe(descOf(h)),
@@ -930,8 +925,7 @@ void Context::checkSegment(Connection& c, Req& r) {
   }
 }
 
-void Context::messageDone(Connection& c, Req& r) {
-  (void)r;
+void Context::messageDone(Connection& c) {
   Pair& p = pair(c.peer);
   p.reading = false;
   auto& waiting = waiting_[c.peer];

@@ -284,10 +284,12 @@ class Context {
   bool ioPass();
   bool doSend(Connection& c);
   bool doRecv(Connection& c);
+  // Any frame: a meshccl frame (else kIo), and not an ABORT (else fails with the peer's error).
+  void checkFrame(Connection& c, Req& r);
   void checkHeader(Connection& c, Req& r);
   void checkSegment(Connection& c, Req& r);
   void takeMessageHeader(Connection& c, Req& r);
-  void messageDone(Connection& c, Req& r);
+  void messageDone(Connection& c);
   void postReader(int peer);
   bool takeStashed(MessageRecv& m);
   // The first connection's next frame: 1 a whole header in h, 0 nothing yet, -1 closed.
