@@ -87,8 +87,13 @@ inline void cpuRelax() {
 #endif
 }
 
-// How long progress() spins on shared memory before it sleeps in poll() between looks.
-constexpr double kSpinSeconds = 0.05;
+// How long progress() spins on shared-memory rings before it rings their doorbells and sleeps
+// in poll(). Far below a scheduler slice (0.75-3 ms): when every core is busy (training's
+// compute threads), a rank that keeps its core while it waits holds back the rank it waits for
+// by a slice per step (4 ranks, 4 KiB all_reduce, 2 spinning processes on 2 cores: 1.5 ms a
+// call); a woken rank runs at once. Above an idle call (4 ranks, 4 KiB: 17 us), which then
+// never sleeps (see kTcpSpinSeconds for why that matters).
+constexpr double kShmSpinSeconds = 0.00005;
 // How long progress() polls TCP sockets without sleeping before it blocks in poll(). A rank
 // that sleeps for every short wait is woken on its peer's core by the scheduler, and two ranks
 // of one host then take turns on one core (64 KiB all_reduce on loopback: 40 -> 100 us, for
@@ -427,13 +432,16 @@ void Context::progress() {
   if (abortRequested_.load(std::memory_order_relaxed)) failAborted();
   if (interruptCheck_ && (++progressCalls_ & 255) == 0) pollInterrupts();
   if (ioPass()) return;
-  // With shared memory nothing wakes poll() when a ring fills: spin on the rings (yielding the
-  // core, which oversubscribed ranks need), looking at the sockets between rounds; after
-  // kSpinSeconds without progress, sleep a millisecond per look instead of burning the core.
-  // TCP only: poll without sleeping for kTcpSpinSeconds, then block until something moves.
-  const double spinUntil = monotonicSeconds() + (hasShm_ ? kSpinSeconds : kTcpSpinSeconds);
+  // Shared memory: spin on the rings for kShmSpinSeconds (pause hints, then yielding the core,
+  // which oversubscribed ranks need), looking at the sockets between rounds; then ring the
+  // doorbells of the rings this rank waits on and block in poll(): the peer that moves one of
+  // them sends a byte on the pair's socket. TCP: poll without sleeping for kTcpSpinSeconds, then
+  // block until something moves.
+  const double spinUntil = monotonicSeconds() + (hasShm_ ? kShmSpinSeconds : kTcpSpinSeconds);
+  std::vector<Connection*> doorbells;
   for (;;) {
-    if (hasShm_) {
+    bool spinning = monotonicSeconds() < spinUntil;
+    if (hasShm_ && spinning) {
       for (int i = 0; i < 64; ++i) {
         if (i < 8) {
           cpuRelax();
@@ -441,16 +449,25 @@ void Context::progress() {
           sched_yield();
         }
         if (ioPass()) return;
+        if ((i & 7) == 7 && monotonicSeconds() >= spinUntil) break;
       }
+      spinning = monotonicSeconds() < spinUntil;
     }
     std::vector<pollfd> fds;
     std::vector<Connection*> owners;
     fds.reserve(allConns_.size());
+    bool moved = false;  // a ring moved while its doorbell was being rung: do not sleep
     for (auto* c : allConns_) {
       if (!c->fd) continue;
       short events = 0;
       if (c->shm) {
-        if (!c->peerGone) events = POLLIN;  // only end of stream ever arrives here
+        if (c->peerGone) continue;
+        events = POLLIN;  // end of stream, or a doorbell's byte
+        if (!spinning && !moved && (!c->recvq.empty() || !c->sendq.empty())) {
+          doorbells.push_back(c);
+          if (!c->recvq.empty() && !c->shm->sleepUntilReadable()) moved = true;
+          if (!c->sendq.empty() && !c->shm->sleepUntilWritable()) moved = true;
+        }
       } else {
         if (!c->sendq.empty()) events |= POLLOUT;
         if (!c->recvq.empty()) events |= POLLIN;
@@ -469,14 +486,12 @@ void Context::progress() {
     const double left = deadline_ - now;
     if (left <= 0) timeoutFail();
     int ms = static_cast<int>(std::min(std::ceil(left * 1000), 1000.0 * 3600));
-    if (now < spinUntil) {
-      ms = 0;
-    } else if (hasShm_) {
-      ms = 1;
-    }
+    if (spinning || moved || now < spinUntil) ms = 0;
     if (interruptCheck_) pollInterrupts();
     if (interruptCheck_ || !wakeRead_) ms = std::min(ms, 50);
     const int n = ::poll(fds.data(), fds.size(), ms);
+    for (auto* c : doorbells) c->shm->awake();
+    doorbells.clear();
     if (n < 0 && errno != EINTR) fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
     if (n == 0 && ms == 0 && !hasShm_) sched_yield();
     if (abortRequested_.load(std::memory_order_acquire)) failAborted();
@@ -495,10 +510,11 @@ void Context::progress() {
   }
 }
 
-// A shared-memory peer's socket carries nothing after the handshake: readable means closed.
+// A shared-memory peer's socket carries only doorbell bytes after the handshake (ringPeer):
+// readable and empty means closed.
 void Context::checkLiveness(Connection& c) {
-  char b;
-  const ssize_t got = ::recv(c.fd.get(), &b, 1, MSG_DONTWAIT);
+  char b[64];
+  const ssize_t got = ::recv(c.fd.get(), b, sizeof(b), MSG_DONTWAIT);
   if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
   c.peerGone = true;
   if (c.sendq.empty() && c.recvq.empty()) peek(c);  // an ABORT may be waiting in the ring
@@ -520,7 +536,20 @@ ssize_t Context::sendBytes(Connection& c, const iovec* iov, int n) {
     errno = c.shm->corrupt() ? EPROTO : EAGAIN;  // the peer broke the ring: an error, not "full"
     return -1;
   }
+  if (c.shm->peerWaiting()) ringPeer(c);
   return static_cast<ssize_t>(k);
+}
+
+// Wakes a shared-memory peer that sleeps in poll() on the ring this rank just moved: one byte
+// on the pair's socket (checkLiveness drains it). A peer that is gone needs no waking.
+void Context::ringPeer(Connection& c) {
+  if (!c.fd) return;
+  const char b = 1;
+  iovec iov{const_cast<char*>(&b), 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  (void)platform::sendMsg(c.fd.get(), &msg, MSG_DONTWAIT);
 }
 
 ssize_t Context::recvBytes(Connection& c, const iovec* iov, int n) {
@@ -533,7 +562,10 @@ ssize_t Context::recvBytes(Connection& c, const iovec* iov, int n) {
   // Closed is read before the ring: everything written before the close is then visible.
   const bool closed = c.peerGone || c.shm->peerClosedWrite();
   const size_t k = c.shm->read(iov, n);
-  if (k > 0) return static_cast<ssize_t>(k);
+  if (k > 0) {
+    if (c.shm->peerWaiting()) ringPeer(c);
+    return static_cast<ssize_t>(k);
+  }
   if (c.shm->corrupt()) {  // the peer broke the ring: an error, not the end of the stream
     errno = EPROTO;
     return -1;
@@ -1006,26 +1038,24 @@ void Context::waitForAny(const std::vector<Connection*>& conns) {
   const double left = deadline_ - monotonicSeconds();
   if (left <= 0) timeoutFail();
   std::vector<pollfd> fds;
-  bool shm = false;
+  bool moved = false;  // a ring moved while its doorbell was being rung: look again at once
   for (auto* c : conns) {
     if (c->shm) {
-      shm = true;
-      if (c->fd && !c->peerGone) fds.push_back(pollfd{c->fd.get(), POLLIN, 0});  // end of stream only
+      if (!c->fd || c->peerGone) continue;
+      fds.push_back(pollfd{c->fd.get(), POLLIN, 0});  // end of stream, or a doorbell's byte
+      if (!c->shm->sleepUntilReadable()) moved = true;
     } else {
       fds.push_back(pollfd{c->fd.get(), POLLIN, 0});
     }
   }
   if (wakeRead_) fds.push_back(pollfd{wakeRead_.get(), POLLIN, 0});
-  int ms = static_cast<int>(std::min(std::ceil(left * 1000), 50.0));
-  if (shm) {
-    sched_yield();  // nothing wakes poll() when a ring fills
-    ms = std::min(ms, 1);
-  }
-  if (::poll(fds.data(), fds.size(), ms) < 0 && errno != EINTR) {
-    fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
-  }
+  const int ms = moved ? 0 : static_cast<int>(std::min(std::ceil(left * 1000), 50.0));
+  const int n = ::poll(fds.data(), fds.size(), ms);
+  if (n < 0 && errno != EINTR) fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
   for (auto* c : conns) {
-    if (c->shm && c->fd) checkLiveness(*c);
+    if (!c->shm) continue;
+    c->shm->awake();
+    if (c->fd) checkLiveness(*c);
   }
 }
 

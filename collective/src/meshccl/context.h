@@ -281,6 +281,7 @@ class Context {
   bool writeAllUntil(Connection& c, const char* data, size_t len, double deadline);
   void waitReadable(Connection& c, int ms);
   void checkLiveness(Connection& c);
+  void ringPeer(Connection& c);
   bool ioPass();
   bool doSend(Connection& c);
   bool doRecv(Connection& c);

@@ -27,12 +27,17 @@ struct ShmLink::Ring {
   alignas(64) std::atomic<uint64_t> head;  // written by the producer
   alignas(64) std::atomic<uint64_t> tail;  // written by the consumer
   alignas(64) std::atomic<uint32_t> closed;
+  // Doorbells: set by an end about to sleep until this ring moves (the consumer waiting for
+  // bytes, the producer for room); the other end takes it after it moves the ring and wakes the
+  // sleeper with a byte on the pair's socket.
+  alignas(64) std::atomic<uint32_t> consumerWaits;
+  std::atomic<uint32_t> producerWaits;
 };
 
 namespace {
 
 constexpr uint32_t kSegmentMagic = 0x4d435348u;  // "MCSH"
-constexpr uint32_t kSegmentVersion = 1;
+constexpr uint32_t kSegmentVersion = ShmLayout::kVersion;
 constexpr size_t kHeaderBytes = ShmLayout::kHeaderBytes;
 constexpr char kNamePrefix[] = "/mccl.";
 
@@ -174,7 +179,8 @@ void ShmLink::unlink() {
 std::unique_ptr<ShmLink> ShmLink::create(size_t ringBytes, std::string* name, std::string* error,
                                          const std::string& tag) {
   static_assert(offsetof(Ring, head) == ShmLayout::kHeadOffset && offsetof(Ring, tail) == ShmLayout::kTailOffset &&
-                    offsetof(Ring, closed) == ShmLayout::kClosedOffset,
+                    offsetof(Ring, closed) == ShmLayout::kClosedOffset &&
+                    offsetof(Ring, consumerWaits) == ShmLayout::kWaitsOffset,
                 "ShmLayout names the ring positions' offsets");
   static_assert(sizeof(Ring) <= ShmLayout::kOpenerToCreator - ShmLayout::kCreatorToOpener &&
                     ShmLayout::kOpenerToCreator + sizeof(Ring) <= ShmLayout::kCreatorSlot,
@@ -273,7 +279,8 @@ std::unique_ptr<ShmLink> ShmLink::open(const std::string& name, size_t ringBytes
   // Nothing has moved yet: the creator waits for this end's answer before it writes.
   for (const Ring* r : {link->tx_, link->rx_}) {
     if (r->head.load(std::memory_order_acquire) != 0 || r->tail.load(std::memory_order_acquire) != 0 ||
-        r->closed.load(std::memory_order_acquire) != 0) {
+        r->closed.load(std::memory_order_acquire) != 0 || r->consumerWaits.load(std::memory_order_acquire) != 0 ||
+        r->producerWaits.load(std::memory_order_acquire) != 0) {
       *error = cat("shared memory ", name, " is not fresh: its rings already hold positions");
       return nullptr;
     }
@@ -333,7 +340,7 @@ size_t ShmLink::write(const iovec* iov, int iovcnt) {
     done += k;
   }
   txHead_ += n;
-  tx_->head.store(txHead_, std::memory_order_release);
+  tx_->head.store(txHead_, std::memory_order_seq_cst);  // a full barrier before peerWaiting()'s look
   return n;
 }
 
@@ -352,7 +359,7 @@ size_t ShmLink::read(const iovec* iov, int iovcnt) {
     done += k;
   }
   rxTail_ += n;
-  rx_->tail.store(rxTail_, std::memory_order_release);
+  rx_->tail.store(rxTail_, std::memory_order_seq_cst);  // a full barrier before peerWaiting()'s look
   return n;
 }
 
@@ -364,10 +371,41 @@ size_t ShmLink::peek(void* dst, size_t len) const {
 
 void ShmLink::discard(size_t len) {
   rxTail_ += std::min(len, readable());
-  rx_->tail.store(rxTail_, std::memory_order_release);
+  rx_->tail.store(rxTail_, std::memory_order_seq_cst);
 }
 
 void ShmLink::closeWrite() { tx_->closed.store(1, std::memory_order_release); }
+
+// The sleeper's store of its doorbell and this end's store of a position (seq_cst in write,
+// read and discard: a full barrier, one instruction on x86) each come before the other's load:
+// so either the sleeper sees the move and does not sleep, or this end sees the doorbell and
+// wakes it (no wake-up is lost).
+bool ShmLink::peerWaiting() {
+  bool ring = false;
+  // seq_cst loads (a plain load on x86): ordered after the position's seq_cst store on every
+  // architecture (a relaxed one could pass it on aarch64).
+  if (tx_->consumerWaits.load(std::memory_order_seq_cst) != 0) ring = tx_->consumerWaits.exchange(0) != 0;
+  if (rx_->producerWaits.load(std::memory_order_seq_cst) != 0) ring = (rx_->producerWaits.exchange(0) != 0) || ring;
+  return ring;
+}
+
+bool ShmLink::sleepUntilReadable() {
+  rx_->consumerWaits.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return readable() == 0 && !peerClosedWrite();
+}
+
+bool ShmLink::sleepUntilWritable() {
+  tx_->producerWaits.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint64_t tail = 0;
+  return peerTail(&tail) && txHead_ - tail == cap_;
+}
+
+void ShmLink::awake() {
+  rx_->consumerWaits.store(0, std::memory_order_relaxed);
+  tx_->producerWaits.store(0, std::memory_order_relaxed);
+}
 
 bool ShmLink::peerClosedWrite() const {
   return rxBroken_ || rx_->closed.load(std::memory_order_acquire) != 0;

@@ -25,12 +25,14 @@ namespace meshccl {
 // written by one end only (head by the producer, tail by the consumer); each end reads the
 // other's positions and checks them before it uses them.
 struct ShmLayout {
+  static constexpr uint32_t kVersion = 2;            // in the header; 2: the rings' doorbells
   static constexpr size_t kHeaderBytes = 4096;       // header + both rings' positions + process slots
-  static constexpr size_t kCreatorToOpener = 256;    // ring positions: head, tail, closed
+  static constexpr size_t kCreatorToOpener = 256;    // ring positions: head, tail, closed, doorbells
   static constexpr size_t kOpenerToCreator = 512;
   static constexpr size_t kHeadOffset = 0;           // within a ring's positions
   static constexpr size_t kTailOffset = 64;
   static constexpr size_t kClosedOffset = 128;
+  static constexpr size_t kWaitsOffset = 192;        // doorbells: consumer waits, producer waits
   static constexpr size_t kCreatorSlot = 1024;       // single copy: who each end is
   static constexpr size_t kOpenerSlot = 1536;
   static constexpr size_t kMinRingBytes = 4096;
@@ -39,6 +41,7 @@ struct ShmLayout {
 
 class ShmLink {
  public:
+  struct Ring;  // one direction's positions and doorbells, in the segment header
   ~ShmLink();
   ShmLink(const ShmLink&) = delete;
   ShmLink& operator=(const ShmLink&) = delete;
@@ -78,6 +81,18 @@ class ShmLink {
   // Also true once the link is corrupt: nothing more will come from it.
   bool peerClosedWrite() const;
 
+  // Sleeping on a ring (nothing wakes poll() when one moves). An end about to sleep rings its
+  // doorbell for each ring it waits on: sleepUntilReadable() (the incoming ring) or
+  // sleepUntilWritable() (the outgoing one, full) set it and answer whether sleeping is still
+  // right (false: the ring has moved, or the peer closed). awake() clears this end's doorbells.
+  // The other end calls peerWaiting() after every write, read and discard that moved bytes: true
+  // (once per doorbell) when the peer sleeps on what it just moved and must be woken (the
+  // engine sends a byte on the pair's socket, which the sleeper polls).
+  bool sleepUntilReadable();
+  bool sleepUntilWritable();
+  void awake();
+  bool peerWaiting();
+
   // The peer broke the rings' protocol: a position it writes went backwards or out of range
   // (a head more than the ring's size ahead of this end's tail, a tail behind what it already
   // read or ahead of what was written). Nothing is copied on the strength of such a value: from
@@ -102,7 +117,6 @@ class ShmLink {
   bool probePeerProcess(int* pid, std::string* why) const;
 
  private:
-  struct Ring;
   ShmLink() = default;
   bool map(int fd, size_t bytes, const std::string& name, std::string* error);  // closes fd
   // The peer's position, checked against this end's; false (and the link corrupt) if wrong.

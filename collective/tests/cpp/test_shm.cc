@@ -31,6 +31,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -173,6 +174,52 @@ TEST(ShmLink, BytesGoBothWaysAcrossTheRingsEnd) {
   EXPECT_TRUE(p.opener->peerClosedWrite());
 }
 
+// --- doorbells: sleeping on a ring ---------------------------------------------------------
+
+TEST(ShmLink, ADoorbellIsAnsweredOnceByTheMoveItWaitsFor) {
+  Pair p = makePair(4096);
+  // Nothing rung: moving the ring wakes no one.
+  ASSERT_EQ(writeAll(*p.creator, pattern(10, 1)), 10u);
+  EXPECT_FALSE(p.creator->peerWaiting());
+  std::vector<char> ten(10);
+  ASSERT_EQ(readInto(*p.opener, &ten), 10u);
+  EXPECT_FALSE(p.opener->peerWaiting());
+  // The reader sleeps on an empty ring: the next write answers the doorbell, once.
+  EXPECT_TRUE(p.opener->sleepUntilReadable());
+  ASSERT_EQ(writeAll(*p.creator, pattern(10, 2)), 10u);
+  EXPECT_TRUE(p.creator->peerWaiting());
+  EXPECT_FALSE(p.creator->peerWaiting()) << "a doorbell is answered once";
+  // Bytes already there, or a closed peer: sleeping would wait for nothing.
+  EXPECT_FALSE(p.opener->sleepUntilReadable());
+  p.opener->awake();
+  ASSERT_EQ(readInto(*p.opener, &ten), 10u);
+  // Woken for another reason (awake): a later write rings nothing.
+  EXPECT_TRUE(p.opener->sleepUntilReadable());
+  p.opener->awake();
+  ASSERT_EQ(writeAll(*p.creator, pattern(10, 3)), 10u);
+  EXPECT_FALSE(p.creator->peerWaiting());
+  ASSERT_EQ(readInto(*p.opener, &ten), 10u);
+  // The writer sleeps on a full ring: the reader's read answers, as does a discard.
+  ASSERT_EQ(writeAll(*p.creator, pattern(4096, 4)), 4096u);
+  EXPECT_TRUE(p.creator->sleepUntilWritable());
+  ASSERT_EQ(readInto(*p.opener, &ten), 10u);
+  EXPECT_TRUE(p.opener->peerWaiting());
+  EXPECT_FALSE(p.creator->sleepUntilWritable()) << "there is room again";
+  p.creator->awake();
+  ASSERT_EQ(writeAll(*p.creator, pattern(10, 5)), 10u);
+  EXPECT_TRUE(p.creator->sleepUntilWritable());
+  p.opener->discard(1);
+  EXPECT_TRUE(p.opener->peerWaiting());
+  // Each end's doorbell is its own: the writer waiting for room is not woken by its own write
+  // (the other direction), nor the reader by a byte it sends back.
+  p.opener->discard(4096);
+  EXPECT_TRUE(p.opener->sleepUntilReadable());
+  ASSERT_EQ(writeAll(*p.opener, pattern(10, 6)), 10u);
+  EXPECT_FALSE(p.opener->peerWaiting());
+  p.creator->closeWrite();
+  EXPECT_FALSE(p.opener->sleepUntilReadable()) << "the peer closed: nothing to sleep for";
+}
+
 #if defined(__linux__)
 TEST(ShmLink, TheSegmentsMemoryIsReservedWhenItIsCreated) {
   // ftruncate alone leaves the segment sparse (a full /dev/shm is then a SIGBUS at some later
@@ -286,7 +333,7 @@ TEST(ShmLink, OpenRefusesRingSizesOutOfRange) {
 TEST(ShmLink, OpenRefusesASegmentSmallerThanItsRingsNeed) {
   // A segment with a true-looking header but only 8 KiB: mapping the 12 KiB that rings of 4096
   // need would put the rings past its end (SIGBUS at the first copy).
-  ForgedSegment seg(8192, [](char* b) { writeHeader(b, kMagic, 1, 4096); });
+  ForgedSegment seg(8192, [](char* b) { writeHeader(b, kMagic, ShmLayout::kVersion, 4096); });
   std::string error;
   EXPECT_FALSE(ShmLink::open(seg.name, 4096, &error));
   EXPECT_HAS(error, "has 8192 bytes, too few for rings of 4096 bytes (12288 needed)");
@@ -304,21 +351,25 @@ TEST(ShmLink, OpenRefusesAHeaderThatDisagreesWithTheOffer) {
     uint32_t version;
     uint64_t ring;
   };
-  for (const Case c : {Case{0, 1, 4096}, Case{kMagic, 2, 4096}, Case{kMagic, 1, 8192}, Case{kMagic, 1, 1 << 30}}) {
+  const uint32_t v = ShmLayout::kVersion;
+  // Version 1 (before the doorbells): its peer would sleep on a ring nobody wakes it for.
+  for (const Case c : {Case{0, v, 4096}, Case{kMagic, 1, 4096}, Case{kMagic, v + 1, 4096}, Case{kMagic, v, 8192},
+                       Case{kMagic, v, 1 << 30}}) {
     // Large enough for the header's ring size too: only the header is wrong.
     ForgedSegment seg(ShmLink::segmentBytes(8192), [&](char* b) { writeHeader(b, c.magic, c.version, c.ring); });
     std::string error;
     EXPECT_FALSE(ShmLink::open(seg.name, 4096, &error)) << c.magic << " " << c.version << " " << c.ring;
-    EXPECT_HAS(error, "is not a meshccl segment of version 1 with rings of 4096 bytes");
+    EXPECT_HAS(error, ::meshccl::cat("is not a meshccl segment of version ", v, " with rings of 4096 bytes"));
   }
 }
 
 TEST(ShmLink, OpenRefusesASegmentWhoseRingsAlreadyMoved) {
   for (size_t offset : {ShmLayout::kCreatorToOpener + ShmLayout::kHeadOffset,
                         ShmLayout::kOpenerToCreator + ShmLayout::kTailOffset,
-                        ShmLayout::kCreatorToOpener + ShmLayout::kClosedOffset}) {
+                        ShmLayout::kCreatorToOpener + ShmLayout::kClosedOffset,
+                        ShmLayout::kOpenerToCreator + ShmLayout::kWaitsOffset}) {
     ForgedSegment seg(ShmLink::segmentBytes(4096), [&](char* b) {
-      writeHeader(b, kMagic, 1, 4096);
+      writeHeader(b, kMagic, ShmLayout::kVersion, 4096);
       const uint32_t v = 1;  // closed is 32 bits wide
       std::memcpy(b + offset, &v, sizeof(v));
     });
@@ -626,6 +677,69 @@ TEST(ShmLink, AGenuineSlotProvesThePeerReadableWhereSingleCopyIsBuilt) {
   EXPECT_TRUE(ok) << why;
   EXPECT_EQ(pid, ::getpid());
 }
+
+
+// The CPU a rank's thread has used (seconds).
+double threadCpuSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// A rank that waits on shared memory for a late peer sleeps after a short spin and is woken by
+// the peer's write (its doorbell), instead of spinning on the rings (before: 50 ms of a core
+// per wait, then a look every millisecond). `small` ring bytes and a message larger than the
+// ring make the sender wait for room too. The test's own 300 ms delay stands for the late
+// peer's compute: the assertions are on CPU time used while waiting, which a slow or busy
+// machine only lowers, and on the call completing (a lost wake-up would end in the timeout).
+void lateShmPeer(size_t messageBytes, bool sendRecv) {
+  test::Topology t;
+  t.hostRanks = 2;
+  t.singleCopyBytes = 0;
+  t.timeout = 60;
+  std::vector<double> waitedCpu(2), waitedWall(2);
+  test::runRanks(
+      2, t,
+      [&](Context& ctx) {
+        ASSERT_EQ(ctx.transport(1 - ctx.rank()), "shm");
+        const size_t count = messageBytes / sizeof(float);
+        std::vector<float> x(count, static_cast<float>(ctx.rank() + 1));
+        for (int round = 0; round < 2; ++round) {
+          const int late = round;  // rank 0 waits first, then rank 1
+          if (ctx.rank() == late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          const double cpu0 = threadCpuSeconds();
+          const auto wall0 = std::chrono::steady_clock::now();
+          if (sendRecv) {
+            if (ctx.rank() == 1 - late) {
+              recv(ctx, x.data(), count, DataType::kFloat32, late);
+              EXPECT_EQ(x[count - 1], static_cast<float>(late + 1 + round * 10));
+            } else {
+              std::fill(x.begin(), x.end(), static_cast<float>(late + 1 + round * 10));
+              send(ctx, x.data(), count, DataType::kFloat32, 1 - late);
+            }
+          } else {
+            std::fill(x.begin(), x.end(), 1.0f);
+            allReduce(ctx, x.data(), x.data(), count, DataType::kFloat32, RedOp::kSum);
+            EXPECT_EQ(x[count - 1], 2.0f);
+          }
+          if (ctx.rank() != late) {
+            waitedCpu[static_cast<size_t>(ctx.rank())] = threadCpuSeconds() - cpu0;
+            waitedWall[static_cast<size_t>(ctx.rank())] =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+          }
+        }
+      },
+      [](Config& c) { c.shmRingBytes = 64 << 10; });
+  for (size_t r = 0; r < 2; ++r) {
+    ::testing::Test::RecordProperty("rank" + std::to_string(r) + "_wait",
+                                    cat(waitedCpu[r] * 1e3, " ms CPU in ", waitedWall[r] * 1e3, " ms"));
+    EXPECT_LT(waitedCpu[r], 0.025) << "rank " << r << " used " << waitedCpu[r] * 1e3 << " ms of CPU in a "
+                                   << waitedWall[r] * 1e3 << " ms wait for its late peer";
+  }
+}
+
+TEST(ShmWait, ARankWaitingForALatePeerSleepsAndIsWoken) { lateShmPeer(4096, false); }
+TEST(ShmWait, ASenderWaitingForRoomInAFullRingSleepsAndIsWoken) { lateShmPeer(1 << 20, true); }
 
 }  // namespace
 }  // namespace meshccl
