@@ -9,6 +9,7 @@ is gone is taken over.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
@@ -60,25 +61,28 @@ def routes_in(subnet: str) -> list[str]:
 
 def claim(octet: int, claims: Path = CLAIMS) -> bool:
     """Claim 198.19.<octet>.0/24 for this process: True when it is now ours (a dead owner's is taken
-    over), False when a live process holds it."""
+    over), False when a live process holds it.
+
+    Claimers take ``claims/.lock`` (flock) first: between creating a claim and writing its pid, and
+    between finding a dead owner and taking its claim over, another claimer would see an empty file
+    or a claim just taken and count it as free (two pytest-xdist workers starting at once both got
+    198.19.1.0/24)."""
     claims.mkdir(parents=True, exist_ok=True)
     path = claims / str(octet)
-    for _ in range(2):
+    with open(claims / ".lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                owner = int(path.read_text().strip() or 0)
-            except (OSError, ValueError):
-                return False
-            if owner and alive(owner):
-                return False
-            path.unlink(missing_ok=True)  # a dead run's claim; whoever gets O_EXCL next wins it
-            continue
-        with os.fdopen(fd, "w") as handle:
-            handle.write(str(os.getpid()))
+            owner = int(path.read_text().strip() or 0)
+        except FileNotFoundError:
+            owner = 0
+        except (OSError, ValueError):
+            return False
+        if owner and alive(owner):
+            return False
+        tmp = claims / f".{octet}.{os.getpid()}"
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, path)  # the claim appears with its owner in it, also to claimers without the lock
         return True
-    return False
 
 
 def release(subnet: str, claims: Path = CLAIMS) -> None:
