@@ -10,8 +10,8 @@ Prints "LINKS {json}" (peer -> transport, as meshccl chose it) and "OK" on succe
 error "ERROR <ExceptionType>: <message>" and exit 3; on a wrong result "WRONG <what>" and exit 4.
 
 LAYOUT_HOST_ID, when set, stands in for this machine's host identity in torchrun's rendezvous
-(meshccl.bootstrap.host_identity), so that ranks on this one machine can play ranks of several
-hosts: those with equal ids share memory, the others talk TCP.
+(meshccl.bootstrap.rendezvous.host_identity), so that ranks on this one machine can play ranks of
+several hosts: those with equal ids share memory, the others talk TCP.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 
 import meshccl
 import numpy as np
-from meshccl import bootstrap
+from meshccl.bootstrap import rendezvous
 
 # Element counts: primes well away from any power of two, so that no call divides evenly into
 # 64 KiB or 256 KiB segments, nor into equal per-rank chunks.
@@ -105,7 +105,7 @@ def run(comm: meshccl.Communicator) -> None:
 def main() -> int:
     fake_host = os.environ.get("LAYOUT_HOST_ID")
     if fake_host:
-        bootstrap.host_identity = lambda: fake_host
+        rendezvous.host_identity = lambda: fake_host
     try:
         comm = meshccl.init()
         print("LINKS " + json.dumps({str(q): t for q, t in comm.transports.items()}, sort_keys=True), flush=True)

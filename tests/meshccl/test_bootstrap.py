@@ -84,13 +84,14 @@ def test_cables_forming_a_line_are_refused(tmp_path):
 
 def test_torchrun_ranks_compare_host_identities(monkeypatch):
     from meshccl import bootstrap
+    from meshccl.bootstrap import rendezvous
 
     identity = bootstrap.host_identity()
     assert identity == bootstrap.host_identity() and identity.startswith(socket.gethostname())
     # Ranks 0 and 2 report one identity, rank 1 another (as if from another machine).
     ids = {0: "host-a", 1: "host-b", 2: "host-a"}
     per_thread = threading.local()
-    monkeypatch.setattr(bootstrap, "host_identity", lambda: per_thread.id)
+    monkeypatch.setattr(rendezvous, "host_identity", lambda: per_thread.id)  # where torchrun reads it
     port = h.free_port_block(1)
     plans: dict[int, meshccl.Plan] = {}
 

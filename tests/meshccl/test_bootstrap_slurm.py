@@ -235,11 +235,11 @@ def test_job_level_variables_stand_in_for_the_steps(tmp_path, slurm_conf):
 def test_meshkits_default_hostfile_path(tmp_path, slurm_conf, monkeypatch):
     path = hostfile(tmp_path, RING4, 4)
     env = task_env(slurm_conf, None, "node[1-4]", "1(x4)", 4, "node4", 0)
-    monkeypatch.setattr(bootstrap, "MESHKIT_HOSTFILE", str(path))
+    monkeypatch.setattr(bootstrap.slurm, "MESHKIT_HOSTFILE", str(path))  # where plan_from_slurm reads it
     plan = plan_from_env(env, token=h.TOKEN)
     assert plan.rank == 3 and plan.source.startswith(f"{path} under Slurm job 4242")
     missing = tmp_path / "nowhere" / "meshccl.json"
-    monkeypatch.setattr(bootstrap, "MESHKIT_HOSTFILE", str(missing))
+    monkeypatch.setattr(bootstrap.slurm, "MESHKIT_HOSTFILE", str(missing))
     with pytest.raises(meshccl.BootstrapError) as err:
         plan_from_env(env, token=h.TOKEN)
     assert f"{missing} does not exist on this node; set MESHCCL_HOSTFILE" in str(err.value)

@@ -46,11 +46,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import ipaddress
-import json
 import os
 import secrets
-import socket
 import threading
 import time
 import weakref
@@ -64,6 +61,7 @@ from torch.futures import Future
 
 import meshccl
 from meshccl import bootstrap
+from meshccl.bootstrap import torch_store
 
 __all__ = ["BACKEND", "ProcessGroupMeshccl", "UnsupportedError", "register"]
 
@@ -1249,108 +1247,6 @@ def _generation(store: Any, size: int) -> int:
     return (int(store.add("meshccl/arrivals", 1)) - 1) // size
 
 
-def _free_port(addresses: Sequence[str]) -> int:
-    """A port free on every one of `addresses` right now."""
-    for _attempt in range(50):
-        first = addresses[0]
-        family = socket.AF_INET6 if ":" in first else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.bind((first, 0))
-            port = int(s.getsockname()[1])
-        ok = True
-        for a in addresses[1:]:
-            fam = socket.AF_INET6 if ":" in a else socket.AF_INET
-            with socket.socket(fam, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind((a, port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return port
-    raise meshccl.BootstrapError(f"no port is free on all of {', '.join(addresses)}")
-
-
-def _store_host(store: Any) -> str | None:
-    while store is not None:
-        host = getattr(store, "host", None)
-        if isinstance(host, str) and host:
-            return host
-        store = getattr(store, "underlying_store", None)
-    return None
-
-
-def _my_address(env: dict[str, str], store: Any) -> str:
-    """The address this rank is reached on: the one it reaches MASTER_ADDR (torch's store) from."""
-    target = env.get("MASTER_ADDR") or _store_host(store)
-    if not target:
-        raise meshccl.BootstrapError(
-            "meshccl backend: cannot tell which address this rank listens on: set MASTER_ADDR "
-            "(torchrun does), or use a TCP store / init_method tcp://"
-        )
-    master = bootstrap._resolve(target)
-    if ipaddress.ip_address(master).is_loopback:
-        return master
-    family = socket.AF_INET6 if ":" in master else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((master, 9))  # UDP: no packet is sent, the kernel only picks the route
-        return str(s.getsockname()[0])
-
-
-def _plan_from_store(
-    store: Any, rank: int, size: int, gen: int, env: dict[str, str], token: str, job_id: str
-) -> bootstrap.Plan:
-    """Every rank of the group linked to every other over the address it reaches MASTER_ADDR from,
-    ports and host identities exchanged through the store."""
-    if size == 1:
-        return bootstrap.Plan(0, 1, source="torch store")
-    address = _my_address(env, store)
-    port = _free_port([address])
-    me = bootstrap._mac(token, "meshccl/2 host identity", job_id, bootstrap.host_identity())
-    store.set(f"meshccl/{gen}/rank/{rank}", json.dumps([address, port, me]))
-    keys = [f"meshccl/{gen}/rank/{r}" for r in range(size)]
-    store.wait(keys)
-    table = [json.loads(bytes(store.get(k)).decode()) for k in keys]
-    peers = {r: ([(str(e[0]), int(e[1]))], -1) for r, e in enumerate(table) if r != rank}
-    same_host = {r for r in peers if table[r][2] == me}
-    return bootstrap.Plan(rank, size, [(address, port)], peers, True, True, 1, "torch store", same_host)
-
-
-def _plan_from_sub_hostfile(store: Any, rank: int, members: list[int], gen: int, env: dict[str, str]) -> bootstrap.Plan:
-    """A group of some of the job's ranks over the cables meshccl.json names, on fresh ports."""
-    path = env["MESHCCL_HOSTFILE"]
-    data = bootstrap._load_json(path)
-    global_rank = members[rank]
-    if "MESHCCL_RANK" in env and bootstrap._int_env(env, "MESHCCL_RANK") != global_rank:
-        raise meshccl.BootstrapError(
-            f"meshccl backend: MESHCCL_RANK={env['MESHCCL_RANK']} but torch says this process is global rank "
-            f"{global_rank}"
-        )
-    entries = {e.get("rank"): e for e in data.get("ranks", []) if isinstance(e, dict)}
-    missing = [g for g in members if g not in entries]
-    if missing:
-        raise meshccl.BootstrapError(f"{path}: rank(s) {missing} of the group are not in the hostfile")
-    mine = entries[global_rank]
-    addrs = sorted({link["address"] for link in mine.get("links", [])})
-    if sum(1 for g in members if entries[g]["host"] == mine["host"]) > 1:
-        addrs.append("127.0.0.1")
-    port = _free_port(addrs or ["127.0.0.1"])
-    store.set(f"meshccl/{gen}/port/{rank}", str(port))
-    keys = [f"meshccl/{gen}/port/{r}" for r in range(len(members))]
-    store.wait(keys)
-    ports = [int(bytes(store.get(k)).decode()) for k in keys]
-    sub = dict(data)
-    sub["world_size"] = len(members)
-    sub["ranks"] = [dict(entries[g], rank=i, port=ports[i]) for i, g in enumerate(members)]
-    try:
-        return bootstrap.plan_from_meshccl_hostfile(sub, rank, f"{path} (ranks {members})")
-    except meshccl.BootstrapError as e:
-        raise meshccl.BootstrapError(
-            f"meshccl backend: new_group(ranks={members}): {e}; a meshccl group needs its ranks' hosts cabled as a "
-            "ring in rank order or a full mesh: use backend='gloo' for this group"
-        ) from None
-
-
 def _connect(
     store: Any, rank: int, size: int, timeout: Any, group_id: str, global_ranks: list[int]
 ) -> meshccl.Communicator:
@@ -1392,10 +1288,10 @@ def _connect(
             )
         comm = meshccl.init(env, **options)  # meshccl's own rendezvous, the token proved at both ends
     elif hostfile:
-        plan = _plan_from_sub_hostfile(store, rank, members, gen, env)
+        plan = torch_store.plan_from_sub_hostfile(store, rank, members, gen, env)
         comm = meshccl.Communicator(plan, token=token, job_id=job_id, allow_no_token=allow_no_token, **options)
     else:
-        plan = _plan_from_store(store, rank, size, gen, env, token, job_id)
+        plan = torch_store.plan_from_store(store, rank, size, gen, env, token, job_id)
         comm = meshccl.Communicator(plan, token=token, job_id=job_id, allow_no_token=allow_no_token, **options)
     if comm.rank != rank or comm.size != size:
         comm.close()
