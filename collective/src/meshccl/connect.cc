@@ -179,7 +179,7 @@ void Context::connectAll() {
   auto install = [&](int peer, int index, Fd fd, const std::string& remote) {
     tuneSocket(fd.get(), config_.socketBufferBytes);
     auto c = std::make_unique<Connection>();
-    c->fd = std::move(fd);
+    c->link = std::make_unique<TcpLink>(std::move(fd));
     c->peer = peer;
     c->index = index;
     c->remote = remote;
@@ -444,6 +444,7 @@ void Context::connectAll() {
     for (auto& c : pr->conns) allConns_.push_back(c.get());
   }
   setupSharedMemory();
+  for (auto* c : allConns_) spin_ = spin_ || c->link->mustSpin();
 }
 
 namespace {
@@ -458,6 +459,12 @@ struct ShmOffer {
   char name[48];
 };
 #pragma pack(pop)
+
+// The connection's rings, if it moves its data through shared memory.
+const ShmLink* ringsOf(const Connection& c) {
+  const auto* link = dynamic_cast<const SharedMemoryLink*>(c.link.get());
+  return link != nullptr ? &link->rings() : nullptr;
+}
 
 // Whole-buffer I/O on a non-blocking socket during the handshake, bounded by `deadline`.
 bool exchange(int fd, char* buf, size_t len, bool write, double deadline) {
@@ -514,7 +521,7 @@ void Context::setupSharedMemory() {
           log(1, cat("shared memory with rank ", pr->peer, " unavailable, using TCP: ", error));
         }
       }
-      if (!exchange(c->fd.get(), reinterpret_cast<char*>(&o), sizeof(o), true, deadline)) lost(*c, "take part in");
+      if (!exchange(c->link->fd(), reinterpret_cast<char*>(&o), sizeof(o), true, deadline)) lost(*c, "take part in");
       offered.emplace_back(c.get(), std::move(link));
     }
   }
@@ -522,45 +529,48 @@ void Context::setupSharedMemory() {
     if (pr == nullptr || !pr->sameHost || pr->peer > me) continue;
     for (auto& c : pr->conns) {
       ShmOffer o{};
-      if (!exchange(c->fd.get(), reinterpret_cast<char*>(&o), sizeof(o), false, deadline)) lost(*c, "start");
+      if (!exchange(c->link->fd(), reinterpret_cast<char*>(&o), sizeof(o), false, deadline)) lost(*c, "start");
       if (o.magic != kShmOfferMagic) {
         raise(ErrorKind::kBootstrap, cat("rank ", me, ": rank ", pr->peer, " (", c->remote,
                                          ") sent no shared-memory offer: do both ranks read the same hostfile?"));
       }
       o.name[sizeof(o.name) - 1] = '\0';
       uint32_t accepted = 0;
+      std::unique_ptr<ShmLink> rings;
       if (want && o.offered == 1) {
         std::string error;
-        c->shm = ShmLink::open(o.name, static_cast<size_t>(o.ringBytes), &error);
-        if (c->shm) {
-          c->shm->publishProcess();
+        rings = ShmLink::open(o.name, static_cast<size_t>(o.ringBytes), &error);
+        if (rings) {
+          rings->publishProcess();
           accepted = 1;
         } else {
           log(1, cat("shared memory with rank ", pr->peer, " unavailable, using TCP: ", error));
         }
       }
-      if (!exchange(c->fd.get(), reinterpret_cast<char*>(&accepted), sizeof(accepted), true, deadline)) {
+      if (!exchange(c->link->fd(), reinterpret_cast<char*>(&accepted), sizeof(accepted), true, deadline)) {
         lost(*c, "finish");
       }
+      if (rings) c->link = std::make_unique<SharedMemoryLink>(c->link->takeSocket(), std::move(rings));
     }
   }
   for (auto& [c, link] : offered) {
     uint32_t accepted = 0;
-    if (!exchange(c->fd.get(), reinterpret_cast<char*>(&accepted), sizeof(accepted), false, deadline)) {
+    if (!exchange(c->link->fd(), reinterpret_cast<char*>(&accepted), sizeof(accepted), false, deadline)) {
       lost(*c, "finish");
     }
     if (link) link->unlink();
-    if (accepted == 1 && link) c->shm = std::move(link);
+    if (accepted == 1 && link) c->link = std::make_unique<SharedMemoryLink>(c->link->takeSocket(), std::move(link));
   }
+  bool shared = false;
   for (auto* c : allConns_) {
-    if (!c->shm) continue;
-    hasShm_ = true;
+    if (ringsOf(*c) == nullptr) continue;
+    shared = true;
     log(2, cat("rank ", c->peer, " connection ", c->index, ": shared memory"));
   }
   // Single copy needs a build with it, every rank on this host, every pair on shared memory,
   // every peer readable.
   canReadPeers_ = platform::kSingleCopy && allOnHost_ && config_.singleCopyBytes > 0;
-  if (!platform::kSingleCopy && allOnHost_ && hasShm_) {
+  if (!platform::kSingleCopy && allOnHost_ && shared) {
     log(2, cat("rank ", me, ": this build has no single copy (", platform::buildInfoText(),
                "): large calls copy through shared memory"));
   }
@@ -568,8 +578,8 @@ void Context::setupSharedMemory() {
     if (pr == nullptr || !canReadPeers_) continue;
     std::string why = "not all of its connections use shared memory";
     bool readable = true;
-    for (auto& c : pr->conns) readable = readable && c->shm != nullptr;
-    readable = readable && pr->conns.front()->shm->probePeerProcess(&pr->pid, &why);
+    for (auto& c : pr->conns) readable = readable && ringsOf(*c) != nullptr;
+    readable = readable && ringsOf(*pr->conns.front())->probePeerProcess(&pr->pid, &why);
     if (!readable) {
       log(1, cat("rank ", me, ": cannot read rank ", pr->peer, "'s memory, large calls copy through shared memory: ",
                  why));

@@ -13,8 +13,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "meshccl/platform.h"
-
 namespace meshccl {
 
 const char* collectiveName(Collective c) {
@@ -222,8 +220,8 @@ void Context::drainAfterFailure() {
     std::vector<pollfd> fds;
     std::vector<Connection*> owners;
     for (auto* c : allConns_) {
-      if (!c->fd || c->eof) continue;
-      fds.push_back(pollfd{c->fd.get(), POLLIN, 0});
+      if (!c->link->open() || c->eof) continue;
+      fds.push_back(pollfd{c->link->fd(), POLLIN, 0});
       owners.push_back(c);
     }
     const double left = until - monotonicSeconds();
@@ -232,7 +230,7 @@ void Context::drainAfterFailure() {
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       char sink[65536];
-      const ssize_t n = ::recv(owners[i]->fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+      const ssize_t n = ::recv(owners[i]->link->fd(), sink, sizeof(sink), MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) owners[i]->eof = true;
     }
   }
@@ -245,7 +243,7 @@ int Context::connCount(int peer) const {
 std::string Context::transport(int peer) const {
   if (!connected(peer)) return "";
   size_t shm = 0;
-  for (const auto& c : pairs_[peer]->conns) shm += c->shm ? 1 : 0;
+  for (const auto& c : pairs_[peer]->conns) shm += std::strcmp(c->link->transport(), "shm") == 0 ? 1 : 0;
   return shm == 0 ? "tcp" : shm == pairs_[peer]->conns.size() ? "shm" : "shm+tcp";
 }
 
@@ -278,10 +276,8 @@ void Context::checkHealthy() const {
 
 void Context::close() {
   if (poisoned_) drainAfterFailure();
-  for (auto* c : allConns_) {
-    c->fd.reset();
-    c->shm.reset();
-  }
+  // A link with no socket in place of each: every move fails as on a closed socket.
+  for (auto* c : allConns_) c->link = std::make_unique<TcpLink>(Fd());
   listeners_.clear();
   closed_ = true;
 }
@@ -432,16 +428,16 @@ void Context::progress() {
   if (abortRequested_.load(std::memory_order_relaxed)) failAborted();
   if (interruptCheck_ && (++progressCalls_ & 255) == 0) pollInterrupts();
   if (ioPass()) return;
-  // Shared memory: spin on the rings for kShmSpinSeconds (pause hints, then yielding the core,
-  // which oversubscribed ranks need), looking at the sockets between rounds; then ring the
-  // doorbells of the rings this rank waits on and block in poll(): the peer that moves one of
-  // them sends a byte on the pair's socket. TCP: poll without sleeping for kTcpSpinSeconds, then
-  // block until something moves.
-  const double spinUntil = monotonicSeconds() + (hasShm_ ? kShmSpinSeconds : kTcpSpinSeconds);
+  // Links that must be spun on (shared memory): spin for kShmSpinSeconds (pause hints, then
+  // yielding the core, which oversubscribed ranks need), looking at the sockets between rounds;
+  // then prepare them to sleep (ring the doorbells of the rings this rank waits on) and block in
+  // poll(): the peer that moves one of them sends a byte on the pair's socket. TCP only: poll
+  // without sleeping for kTcpSpinSeconds, then block until something moves.
+  const double spinUntil = monotonicSeconds() + (spin_ ? kShmSpinSeconds : kTcpSpinSeconds);
   std::vector<Connection*> doorbells;
   for (;;) {
     bool spinning = monotonicSeconds() < spinUntil;
-    if (hasShm_ && spinning) {
+    if (spin_ && spinning) {
       for (int i = 0; i < 64; ++i) {
         if (i < 8) {
           cpuRelax();
@@ -456,27 +452,19 @@ void Context::progress() {
     std::vector<pollfd> fds;
     std::vector<Connection*> owners;
     fds.reserve(allConns_.size());
-    bool moved = false;  // a ring moved while its doorbell was being rung: do not sleep
+    bool moved = false;  // a link moved while it was prepared to sleep: do not sleep
     for (auto* c : allConns_) {
-      if (!c->fd) continue;
-      short events = 0;
-      if (c->shm) {
-        if (c->peerGone) continue;
-        events = POLLIN;  // end of stream, or a doorbell's byte
-        if (!spinning && !moved && (!c->recvq.empty() || !c->sendq.empty())) {
-          doorbells.push_back(c);
-          if (!c->recvq.empty() && !c->shm->sleepUntilReadable()) moved = true;
-          if (!c->sendq.empty() && !c->shm->sleepUntilWritable()) moved = true;
-        }
-      } else {
-        if (!c->sendq.empty()) events |= POLLOUT;
-        if (!c->recvq.empty()) events |= POLLIN;
-        // Idle connections are watched too, so an ABORT or a dead peer is noticed while this
-        // rank waits on someone else.
-        if (events == 0 && !c->eof && c->peekIdleOp != opCounter_) events = POLLIN;
-      }
+      const bool reading = !c->recvq.empty();
+      const bool writing = !c->sendq.empty();
+      // Idle connections are watched too, so an ABORT or a dead peer is noticed while this rank
+      // waits on someone else (not while a frame of a later operation sits unread: peek()).
+      const short events = c->link->pollEvents(reading, writing, !c->eof && c->peekIdleOp != opCounter_);
       if (events == 0) continue;
-      fds.push_back(pollfd{c->fd.get(), events, 0});
+      if (!spinning && !moved && (reading || writing)) {
+        doorbells.push_back(c);
+        if (!c->link->prepareSleep(reading, writing)) moved = true;
+      }
+      fds.push_back(pollfd{c->link->fd(), events, 0});
       owners.push_back(c);
     }
     const size_t connFds = fds.size();
@@ -490,98 +478,28 @@ void Context::progress() {
     if (interruptCheck_) pollInterrupts();
     if (interruptCheck_ || !wakeRead_) ms = std::min(ms, 50);
     const int n = ::poll(fds.data(), fds.size(), ms);
-    for (auto* c : doorbells) c->shm->awake();
+    for (auto* c : doorbells) c->link->awake();
     doorbells.clear();
     if (n < 0 && errno != EINTR) fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
-    if (n == 0 && ms == 0 && !hasShm_) sched_yield();
+    if (n == 0 && ms == 0 && !spin_) sched_yield();
     if (abortRequested_.load(std::memory_order_acquire)) failAborted();
     if (n > 0) {
       for (size_t i = 0; i < connFds; ++i) {
-        Connection& c = *owners[i];
-        if (fds[i].revents == 0) continue;
-        if (c.shm) {
-          checkLiveness(c);
-        } else if (c.sendq.empty() && c.recvq.empty()) {
-          peek(c);
-        }
+        if (fds[i].revents != 0) onReadable(*owners[i]);
       }
     }
     if (ioPass()) return;
   }
 }
 
-// A shared-memory peer's socket carries only doorbell bytes after the handshake (ringPeer):
-// readable and empty means closed.
+void Context::onReadable(Connection& c) {
+  if (c.link->onReadable() && c.idle()) peek(c);
+}
+
+// A link whose socket is not its stream (shared memory) learns only there that its peer is gone:
+// then an ABORT may be waiting in the stream.
 void Context::checkLiveness(Connection& c) {
-  char b[64];
-  const ssize_t got = ::recv(c.fd.get(), b, sizeof(b), MSG_DONTWAIT);
-  if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
-  c.peerGone = true;
-  if (c.sendq.empty() && c.recvq.empty()) peek(c);  // an ABORT may be waiting in the ring
-}
-
-ssize_t Context::sendBytes(Connection& c, const iovec* iov, int n) {
-  if (!c.shm) {
-    msghdr msg{};
-    msg.msg_iov = const_cast<iovec*>(iov);
-    msg.msg_iovlen = static_cast<size_t>(n);
-    return platform::sendMsg(c.fd.get(), &msg, MSG_DONTWAIT);
-  }
-  if (c.peerGone) {
-    errno = EPIPE;
-    return -1;
-  }
-  const size_t k = c.shm->write(iov, n);
-  if (k == 0) {
-    errno = c.shm->corrupt() ? EPROTO : EAGAIN;  // the peer broke the ring: an error, not "full"
-    return -1;
-  }
-  if (c.shm->peerWaiting()) ringPeer(c);
-  return static_cast<ssize_t>(k);
-}
-
-// Wakes a shared-memory peer that sleeps in poll() on the ring this rank just moved: one byte
-// on the pair's socket (checkLiveness drains it). A peer that is gone needs no waking.
-void Context::ringPeer(Connection& c) {
-  if (!c.fd) return;
-  const char b = 1;
-  iovec iov{const_cast<char*>(&b), 1};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  (void)platform::sendMsg(c.fd.get(), &msg, MSG_DONTWAIT);
-}
-
-ssize_t Context::recvBytes(Connection& c, const iovec* iov, int n) {
-  if (!c.shm) {
-    msghdr msg{};
-    msg.msg_iov = const_cast<iovec*>(iov);
-    msg.msg_iovlen = static_cast<size_t>(n);
-    return ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT);
-  }
-  // Closed is read before the ring: everything written before the close is then visible.
-  const bool closed = c.peerGone || c.shm->peerClosedWrite();
-  const size_t k = c.shm->read(iov, n);
-  if (k > 0) {
-    if (c.shm->peerWaiting()) ringPeer(c);
-    return static_cast<ssize_t>(k);
-  }
-  if (c.shm->corrupt()) {  // the peer broke the ring: an error, not the end of the stream
-    errno = EPROTO;
-    return -1;
-  }
-  if (closed) return 0;
-  errno = EAGAIN;
-  return -1;
-}
-
-void Context::waitReadable(Connection& c, int ms) {
-  if (c.shm) {
-    sched_yield();
-    return;
-  }
-  pollfd p{c.fd.get(), POLLIN, 0};
-  ::poll(&p, 1, ms);
+  if (c.link->checkPeer() && c.idle()) peek(c);
 }
 
 // Blocking write of a whole buffer, bounded by `deadline`; used only to push an ABORT out
@@ -589,7 +507,7 @@ void Context::waitReadable(Connection& c, int ms) {
 bool Context::writeAllUntil(Connection& c, const char* data, size_t len, double deadline) {
   while (len > 0) {
     iovec iov{const_cast<char*>(data), len};
-    const ssize_t n = sendBytes(c, &iov, 1);
+    const ssize_t n = c.link->send(&iov, 1);
     if (n > 0) {
       data += n;
       len -= static_cast<size_t>(n);
@@ -599,13 +517,8 @@ bool Context::writeAllUntil(Connection& c, const char* data, size_t len, double 
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return false;
     const double left = deadline - monotonicSeconds();
     if (left <= 0) return false;
-    if (c.shm) {
-      if (c.fd) checkLiveness(c);
-      sched_yield();
-    } else {
-      pollfd p{c.fd.get(), POLLOUT, 0};
-      ::poll(&p, 1, static_cast<int>(std::ceil(left * 1000)));
-    }
+    checkLiveness(c);
+    c.link->waitBriefly(POLLOUT, static_cast<int>(std::ceil(left * 1000)));
   }
   return true;
 }
@@ -619,12 +532,6 @@ bool Context::ioPass() {
   return moved;
 }
 
-// Why a byte move on `c` failed (errno from sendBytes/recvBytes).
-static std::string linkFailure(const Connection& c) {
-  if (c.shm && c.shm->corrupt()) return c.shm->corruptReason();
-  return cat(std::strerror(errno), " (the peer exited or was killed)");
-}
-
 bool Context::doSend(Connection& c) {
   bool moved = false;
   // A frame's last bytes go out now, not when TCP autocorking releases them: Linux holds a
@@ -632,7 +539,7 @@ bool Context::doSend(Connection& c) {
   // or busy link stalled every step of a pipeline (64 KiB frames: 20-170 ms each).
   bool ended = false;
   auto finish = [&] {
-    if (ended && !c.shm) flushSocket(c.fd.get());
+    if (ended) c.link->endFrame();
     return moved;
   };
   while (!c.sendq.empty()) {
@@ -644,13 +551,13 @@ bool Context::doSend(Connection& c) {
     }
     if (r.done < r.len) iov[n++] = {r.data + r.done, r.len - r.done};
     if (n > 0) {
-      const ssize_t sent = sendBytes(c, iov, n);
+      const ssize_t sent = c.link->send(iov, n);
       if (sent < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return finish();
         if (errno == EINTR) continue;
         // A peer that failed first closes its side after its ABORT: report that, if it is here.
         failPeer(c.peer, cat("rank ", rank(), ": sending to rank ", c.peer, " (", c.remote, ") failed: ",
-                             linkFailure(c), " during ", describe(desc_)));
+                             c.link->failure(), " during ", describe(desc_)));
       }
       moved = true;
       auto left = static_cast<size_t>(sent);
@@ -685,12 +592,12 @@ bool Context::doRecv(Connection& c) {
     } else {
       iov[n++] = {r.data + r.done, r.len - r.done};
     }
-    const ssize_t got = recvBytes(c, iov, n);
+    const ssize_t got = c.link->recv(iov, n);
     if (got < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return moved;
       if (errno == EINTR) continue;
       fail(ErrorKind::kIo, cat("rank ", rank(), ": receiving from rank ", c.peer, " (", c.remote, ") failed: ",
-                               linkFailure(c), " during ", describe(desc_)));
+                               c.link->failure(), " during ", describe(desc_)));
     }
     if (got == 0) {
       c.eof = true;
@@ -766,14 +673,7 @@ void Context::checkHeader(Connection& c, Req& r) {
 
 void Context::peek(Connection& c) {
   FrameHeader h{};
-  ssize_t got;
-  if (c.shm) {
-    const bool closed = c.peerGone || c.shm->peerClosedWrite();
-    got = static_cast<ssize_t>(c.shm->peek(&h, sizeof(h)));
-    if (got == 0 && !closed) return;
-  } else {
-    got = ::recv(c.fd.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
-  }
+  const ssize_t got = c.link->peek(&h, sizeof(h));
   if (got == 0) {
     c.eof = true;  // an error only if this rank still needs the peer
     return;
@@ -785,11 +685,7 @@ void Context::peek(Connection& c) {
   }
   if (static_cast<size_t>(got) < sizeof(h)) return;  // header not complete yet
   if (h.magic == (kFrameMagic | kFrameAbort)) {
-    if (c.shm) {
-      c.shm->discard(sizeof(h));
-    } else {
-      ::recv(c.fd.get(), &h, sizeof(h), MSG_DONTWAIT);
-    }
+    c.link->discard(sizeof(h));
     receiveAbort(c, h, nullptr, 0);
   }
   c.peekIdleOp = opCounter_;  // a frame of a later operation: read it then
@@ -968,16 +864,9 @@ void Context::messageDone(Connection& c) {
 }
 
 int Context::peekFrame(Connection& c, FrameHeader& h) {
-  ssize_t got;
-  if (c.shm) {
-    const bool closed = c.peerGone || c.shm->peerClosedWrite();
-    got = static_cast<ssize_t>(c.shm->peek(&h, sizeof(h)));
-    if (got == 0) return closed ? -1 : 0;
-  } else {
-    got = ::recv(c.fd.get(), &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
-    if (got == 0) return -1;
-    if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
-  }
+  const ssize_t got = c.link->peek(&h, sizeof(h));
+  if (got == 0) return -1;
+  if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
   return static_cast<size_t>(got) == sizeof(h) ? 1 : 0;
 }
 
@@ -1003,7 +892,7 @@ void Context::receiveAnyMessage(MessageRecv& m) {
           c.eof = true;
           const double until = monotonicSeconds() + 0.5;
           for (auto& other : pairs_[peer]->conns) {
-            if (other.get() != &c && (other->fd || other->shm)) findAbort(*other, until);
+            if (other.get() != &c && other->link->open()) findAbort(*other, until);
           }
         }
         closed = &c;
@@ -1038,24 +927,20 @@ void Context::waitForAny(const std::vector<Connection*>& conns) {
   const double left = deadline_ - monotonicSeconds();
   if (left <= 0) timeoutFail();
   std::vector<pollfd> fds;
-  bool moved = false;  // a ring moved while its doorbell was being rung: look again at once
+  bool moved = false;  // a link moved while it was prepared to sleep: look again at once
   for (auto* c : conns) {
-    if (c->shm) {
-      if (!c->fd || c->peerGone) continue;
-      fds.push_back(pollfd{c->fd.get(), POLLIN, 0});  // end of stream, or a doorbell's byte
-      if (!c->shm->sleepUntilReadable()) moved = true;
-    } else {
-      fds.push_back(pollfd{c->fd.get(), POLLIN, 0});
-    }
+    const short events = c->link->pollEvents(true, false, false);
+    if (events == 0) continue;
+    fds.push_back(pollfd{c->link->fd(), events, 0});
+    if (!c->link->prepareSleep(true, false)) moved = true;
   }
   if (wakeRead_) fds.push_back(pollfd{wakeRead_.get(), POLLIN, 0});
   const int ms = moved ? 0 : static_cast<int>(std::min(std::ceil(left * 1000), 50.0));
   const int n = ::poll(fds.data(), fds.size(), ms);
   if (n < 0 && errno != EINTR) fail(ErrorKind::kIo, cat("rank ", rank(), ": poll(): ", std::strerror(errno)));
   for (auto* c : conns) {
-    if (!c->shm) continue;
-    c->shm->awake();
-    if (c->fd) checkLiveness(*c);
+    c->link->awake();
+    checkLiveness(*c);
   }
 }
 
@@ -1066,13 +951,13 @@ void Context::receiveAbort(Connection& c, const FrameHeader& hdr, const char* pr
   while (text.size() < len && monotonicSeconds() < until) {
     char buf[4096];
     iovec iov{buf, std::min(sizeof(buf), len - text.size())};
-    const ssize_t n = recvBytes(c, &iov, 1);
+    const ssize_t n = c.link->recv(&iov, 1);
     if (n > 0) {
       text.append(buf, static_cast<size_t>(n));
     } else if (n == 0) {
       break;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      waitReadable(c, 100);
+      c.link->waitBriefly(POLLIN, 100);
     } else {
       break;
     }
@@ -1091,7 +976,7 @@ void Context::sendAborts(ErrorKind kind, const std::string& message) {
     // first so the peer's framing stays intact.
     Connection* pick = nullptr;
     for (auto& c : pr->conns) {
-      if ((!c->fd && !c->shm) || c->eof) continue;
+      if (!c->link->open() || c->eof) continue;
       const bool clean = c->sendq.empty() || (c->sendq.front()->hdrDone == 0 && c->sendq.front()->done == 0);
       if (clean) {
         pick = c.get();
@@ -1118,8 +1003,7 @@ void Context::sendAborts(ErrorKind kind, const std::string& message) {
   // The peers read the ABORT, then end-of-stream. The sockets stay open (closing with unread
   // bytes would reset the connection and could discard the ABORT before the peer reads it).
   for (auto* c : allConns_) {
-    if (c->shm) c->shm->closeWrite();
-    if (c->fd) ::shutdown(c->fd.get(), SHUT_WR);
+    c->link->closeWrite();
     c->sendq.clear();
     c->recvq.clear();
   }
@@ -1129,7 +1013,7 @@ void Context::failPeer(int peer, const std::string& message) {
   if (!poisoned_ && connected(peer)) {
     const double until = monotonicSeconds() + 0.5;
     for (auto& c : pairs_[peer]->conns) {
-      if (c->fd || c->shm) findAbort(*c, until);  // throws when found
+      if (c->link->open()) findAbort(*c, until);  // throws when found
     }
   }
   fail(ErrorKind::kIo, message);
@@ -1139,7 +1023,7 @@ void Context::failClosed(Connection& c, const std::string& message) {
   if (!poisoned_ && c.peer >= 0 && static_cast<size_t>(c.peer) < pairs_.size() && pairs_[c.peer] != nullptr) {
     const double until = monotonicSeconds() + 0.5;
     for (auto& other : pairs_[c.peer]->conns) {
-      if (other.get() != &c && (other->fd || other->shm)) findAbort(*other, until);  // throws when found
+      if (other.get() != &c && other->link->open()) findAbort(*other, until);  // throws when found
     }
   }
   fail(ErrorKind::kIo, message);
@@ -1173,7 +1057,7 @@ void Context::findAbort(Connection& c, double deadline) {
 bool Context::readUntil(Connection& c, char* data, size_t len, double deadline) {
   while (len > 0) {
     iovec iov{data, len};
-    const ssize_t n = recvBytes(c, &iov, 1);
+    const ssize_t n = c.link->recv(&iov, 1);
     if (n > 0) {
       data += n;
       len -= static_cast<size_t>(n);
@@ -1182,7 +1066,7 @@ bool Context::readUntil(Connection& c, char* data, size_t len, double deadline) 
     if (n == 0) return false;
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
     if (monotonicSeconds() > deadline) return false;
-    waitReadable(c, 20);
+    c.link->waitBriefly(POLLIN, 20);
   }
   return true;
 }

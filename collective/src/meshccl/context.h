@@ -32,7 +32,7 @@
 
 #include "meshccl/error.h"
 #include "meshccl/frame.h"
-#include "meshccl/shm.h"
+#include "meshccl/link.h"
 #include "meshccl/socket.h"
 #include "meshccl/types.h"
 
@@ -154,10 +154,9 @@ struct Req {
   uint32_t msgSeg = 0;
 };
 
+// One connection of a pair: its byte stream (link.h) and the engine's bookkeeping of it.
 struct Connection {
-  Fd fd;                        // TCP; with shm, only the liveness signal (a dead peer closes it)
-  std::unique_ptr<ShmLink> shm;  // same-host peers: the data path
-  bool peerGone = false;         // shm: the peer closed its socket (ring data is still read)
+  std::unique_ptr<Link> link;  // TCP, or shared memory with the socket as liveness signal
   int peer = -1;
   int index = 0;
   std::string remote;  // address text for messages
@@ -165,6 +164,7 @@ struct Connection {
   std::deque<Req*> recvq;
   bool eof = false;           // the peer closed its side (fine until a request needs it)
   uint64_t peekIdleOp = 0;    // op during which a data frame of a later op sits unread here
+  bool idle() const { return sendq.empty() && recvq.empty(); }
 };
 
 struct Pair {
@@ -274,14 +274,11 @@ class Context {
  private:
   void connectAll();
   void setupSharedMemory();
-  // Transport-neutral byte moves: like sendmsg/recvmsg on a non-blocking socket (-1 with errno
-  // EAGAIN when nothing can move, 0 from recvBytes at end of stream).
-  ssize_t sendBytes(Connection& c, const iovec* iov, int n);
-  ssize_t recvBytes(Connection& c, const iovec* iov, int n);
   bool writeAllUntil(Connection& c, const char* data, size_t len, double deadline);
-  void waitReadable(Connection& c, int ms);
+  // c's socket polled readable (onReadable), or a look whether its peer lives without one
+  // (checkLiveness): an idle connection then peeks for an ABORT or the end of the stream.
+  void onReadable(Connection& c);
   void checkLiveness(Connection& c);
-  void ringPeer(Connection& c);
   bool ioPass();
   bool doSend(Connection& c);
   bool doRecv(Connection& c);
@@ -322,7 +319,7 @@ class Context {
   std::vector<std::unique_ptr<Pair>> pairStorage_;
   std::vector<Pair*> pairs_;         // by rank; nullptr where no link
   std::vector<Connection*> allConns_;
-  bool hasShm_ = false;  // some connection is shared memory: progress() spins instead of sleeping
+  bool spin_ = false;  // some link must be spun on (Link::mustSpin): progress() spins before it sleeps
   bool canReadPeers_ = false;
   bool allOnHost_ = false;
   std::exception_ptr poisoned_;

@@ -86,8 +86,8 @@ class ShmLink {
   // sleepUntilWritable() (the outgoing one, full) set it and answer whether sleeping is still
   // right (false: the ring has moved, or the peer closed). awake() clears this end's doorbells.
   // The other end calls peerWaiting() after every write, read and discard that moved bytes: true
-  // (once per doorbell) when the peer sleeps on what it just moved and must be woken (the
-  // engine sends a byte on the pair's socket, which the sleeper polls).
+  // (once per doorbell) when the peer sleeps on what it just moved and must be woken
+  // (SharedMemoryLink, link.h, sends a byte on the pair's socket, which the sleeper polls).
   bool sleepUntilReadable();
   bool sleepUntilWritable();
   void awake();
@@ -99,8 +99,8 @@ class ShmLink {
   // then on that direction moves nothing (write() for the outgoing ring; read/peek/readable,
   // with peerClosedWrite() true, for the incoming one), and corruptReason() says what the peer
   // wrote. The other direction still works, so an ABORT naming the fault can reach the peer.
-  // Never throws (the engine calls these while it sends ABORTs, also from a destructor); the
-  // engine turns corrupt() into an I/O error.
+  // Never throws (the engine calls these while it sends ABORTs, also from a destructor);
+  // SharedMemoryLink (link.h) turns corrupt() into an I/O error.
   bool corrupt() const { return !corrupt_.empty(); }
   const std::string& corruptReason() const { return corrupt_; }
 
