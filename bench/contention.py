@@ -8,6 +8,7 @@ prints the distribution of single calls:
 
   .venv/bin/python bench/contention.py                      # 4 ranks, 4 KiB, 2 spinning processes
   .venv/bin/python bench/contention.py --busy 0 --late-ms 5 # rank 0 arrives 5 ms late to every call
+  .venv/bin/python bench/contention.py --session job        # the job's ranks in a session of their own
 
 For each library (meshccl over shared memory; Open MPI's shared memory through mpi4py, yielding
 when idle as mpirun does when oversubscribed) the ranks run --calls all_reduce calls of --bytes
@@ -15,7 +16,11 @@ after a warm-up, each call timed alone. Reported: mean, p50/p90/p99/max of a cal
 the share of calls over 1 ms, and the CPU each waiting rank used per call (thread CPU time; with
 --late-ms the ranks other than 0 wait for rank 0 in every call, so that figure is what waiting
 costs). Libraries run one after the other with the same spinners; scheduler ticks (4 ms at
-HZ=250) show up as steps in the tail. A measurement, not a test: it exits 0 whatever it reads.
+HZ=250) show up as steps in the tail. Where the ranks run matters: with autogroup scheduling
+(Linux's default on desktops and this machine) each session is one group and groups share the
+CPUs equally, so --session job (the job's ranks in a session of their own, as launchers start
+them) and --session shared (beside the spinners, as compute threads share a rank's process)
+read differently. A measurement, not a test: it exits 0 whatever it reads.
 """
 
 from __future__ import annotations
@@ -77,16 +82,15 @@ def rank_main() -> int:
 
     for _ in range(50):
         call()
-    times, cpu = [], 0.0
+    times = []
+    cpu0 = time.thread_time()
     for _ in range(calls):
         if late and rank == 0:
             time.sleep(late)
-        c0 = time.thread_time()
         t0 = time.perf_counter()
         call()
         times.append(time.perf_counter() - t0)
-        cpu += time.thread_time() - c0
-    cpus = gather([cpu / calls])
+    cpus = gather([(time.thread_time() - cpu0) / calls])
     if rank == 0:
         print("CT-RESULT " + json.dumps({"times": times, "cpu": [r[0] for r in cpus], "size": size}), flush=True)
     if lib == "meshccl":
@@ -125,18 +129,26 @@ def run_lib(lib: str, args: argparse.Namespace) -> dict[str, Any] | str:
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(one_host_hostfile(args.ranks, base), f)
             env.update({"MESHCCL_HOSTFILE": path, "MESHCCL_TOKEN": secrets.token_hex(32), "MESHCCL_JOB_ID": "ct"})
-            procs = [
-                subprocess.Popen(me, env={**env, "MESHCCL_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
-                for r in range(args.ranks)
-            ]
+            if args.session == "job":  # one process in a new session starts every rank
+                spawn = [sys.executable, os.path.abspath(__file__), "--spawn", str(args.ranks)]
+                procs = [subprocess.Popen(spawn, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)]
+            else:
+                procs = [
+                    subprocess.Popen(me, env={**env, "MESHCCL_RANK": str(r)}, stdout=subprocess.PIPE, text=True)
+                    for r in range(args.ranks)
+                ]
         else:
             if not shutil.which("mpirun"):
                 return "mpirun is not installed"
             argv = ["mpirun", "-np", str(args.ranks), "--oversubscribe", "--bind-to", "none"]
-            argv += ["--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "mpi_yield_when_idle", "1"]
+            argv += ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
             if os.geteuid() == 0:
                 argv.append("--allow-run-as-root")
-            procs = [subprocess.Popen(argv + me, env=env, stdout=subprocess.PIPE, text=True)]
+            procs = [
+                subprocess.Popen(
+                    argv + me, env=env, stdout=subprocess.PIPE, text=True, start_new_session=args.session == "job"
+                )
+            ]
         outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
     if any(p.returncode for p in procs):
         return f"a rank failed (exit codes {[p.returncode for p in procs]})"
@@ -168,6 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bytes", type=int, default=4096, help="all_reduce size in bytes (4096)")
     p.add_argument("--calls", type=int, default=1500, help="timed calls (1500)")
     p.add_argument("--late-ms", type=float, default=0.0, help="rank 0 sleeps this long before every call (0)")
+    p.add_argument(
+        "--session",
+        choices=("shared", "job"),
+        default="shared",
+        help="shared: the ranks in this tool's session, beside the spinners (as compute threads share a rank's "
+        "process); job: the job's ranks in a session of their own (so, with autogroup scheduling, a group of "
+        "their own against the spinners' group), as bench/allreduce.py starts an mpirun job (shared)",
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds a library's run may take (600)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where contention-<stamp>.json goes (bench/results)")
     args = p.parse_args(argv)
@@ -176,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad or args.ranks < 2 or args.calls < 1 or args.busy < 0 or args.late_ms < 0:
         p.error(f"unknown libraries {bad}" if bad else "need --ranks >= 2, --calls >= 1, --busy >= 0, --late-ms >= 0")
     print(
-        f"{args.ranks} ranks, all_reduce of {args.bytes} bytes, {args.calls} calls, {args.busy} spinning processes"
+        f"{args.ranks} ranks, all_reduce of {args.bytes} bytes, {args.calls} calls, {args.busy} spinning processes, "
+        f"ranks in the {'job' if args.session == 'job' else 'shared'} session"
         + (f", rank 0 {args.late_ms:g} ms late to every call" if args.late_ms else ""),
         flush=True,
     )
@@ -197,5 +218,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def spawn_main(n: int) -> int:
+    """--session job: start the n meshccl ranks from this process (the job's session) and wait."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--rank"], env={**os.environ, "MESHCCL_RANK": str(r)}
+        )
+        for r in range(n)
+    ]
+    codes = [p.wait() for p in procs]
+    return max(codes, key=abs) if any(codes) else 0
+
+
 if __name__ == "__main__":
-    sys.exit(rank_main() if sys.argv[1:2] == ["--rank"] else main())
+    if sys.argv[1:2] == ["--rank"]:
+        sys.exit(rank_main())
+    if sys.argv[1:2] == ["--spawn"]:
+        sys.exit(spawn_main(int(sys.argv[2])))
+    sys.exit(main())
