@@ -163,3 +163,49 @@ def test_job_id_and_the_no_token_opt_out_come_from_the_environment():
         assert bootstrap.allow_no_token_from_env(env) is allowed, value
     with pytest.raises(meshccl.BootstrapError, match="MESHCCL_ALLOW_NO_TOKEN='2'"):
         bootstrap.allow_no_token_from_env({"MESHCCL_ALLOW_NO_TOKEN": "2"})
+
+
+def test_ranks_of_one_host_handed_the_same_port_pick_again_before_anyone_listens(monkeypatch):
+    """torch's store path probes a free port per rank and closes it until meshccl listens, so two
+    ranks of one host can be handed the same one (seen in the suite at 8 ranks: rank 7 reached rank 1
+    where it expected rank 6, and the handshake refused it). Every rank sees the whole table: the
+    later rank of a clash picks again and all publish once more. Here the first two picks of every
+    rank are the same port: the plans end with distinct ports, each rank's own among its peers'."""
+    import threading
+
+    import torch.distributed as torch
+    from meshccl.bootstrap import torch_store
+
+    store = torch.HashStore()
+    picks: dict[int, int] = {}
+    lock = threading.Lock()
+    rank_of_thread: dict[int, int] = {}
+
+    def pick(_addresses):
+        rank = rank_of_thread[threading.get_ident()]
+        with lock:
+            picks[rank] = picks.get(rank, 0) + 1
+            return 40000 if picks[rank] <= 2 else 41000 + rank
+
+    monkeypatch.setattr(torch_store, "_free_port_on_all", pick)
+    env = {"MASTER_ADDR": "127.0.0.1"}
+    plans, errors = {}, []
+
+    def run(rank):
+        rank_of_thread[threading.get_ident()] = rank
+        try:
+            plans[rank] = torch_store.plan_from_store(store, rank, 4, 0, env, "token", "job")
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    ports = {r: p.listen[0][1] for r, p in plans.items()}
+    assert len(set(ports.values())) == 4, ports
+    for r, p in plans.items():
+        assert {q: e[0][0][1] for q, e in p.peers.items()} == {q: ports[q] for q in ports if q != r}
+    assert max(picks.values()) >= 3, picks  # the clash was seen and resolved, not avoided

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from meshccl._meshccl import BootstrapError
@@ -74,18 +74,60 @@ def _my_address(env: dict[str, str], store: Any) -> str:
         return str(s.getsockname()[0])
 
 
+EXCHANGE_ROUNDS = 8
+
+
+def _exchange(
+    store: Any,
+    prefix: str,
+    rank: int,
+    size: int,
+    pick: Callable[[], int],
+    entry: Callable[[int], list[Any]],
+    unique: Callable[[int, list[Any]], tuple[Any, ...]],
+) -> list[list[Any]]:
+    """Every rank's entry (``entry(port)``, JSON) through the store, with a port ``pick()`` chose.
+    Ports are probed free, then closed until meshccl listens: two ranks of one host can be handed
+    the same one. Every rank sees the same table, so all find such a clash (``unique(rank, entry)``
+    equal for two ranks) alike; the later of the two picks again and every rank publishes again
+    under the next round's keys."""
+    port = pick()
+    for attempt in range(EXCHANGE_ROUNDS):
+        store.set(f"{prefix}/{attempt}/{rank}", json.dumps(entry(port)))
+        keys = [f"{prefix}/{attempt}/{r}" for r in range(size)]
+        store.wait(keys)
+        table = [json.loads(bytes(store.get(k)).decode()) for k in keys]
+        first: dict[tuple[Any, ...], int] = {}
+        clashing = set()
+        for r, e in enumerate(table):
+            if unique(r, e) in first:
+                clashing.add(r)
+            else:
+                first[unique(r, e)] = r
+        if not clashing:
+            return table
+        if rank in clashing:
+            port = pick()
+    raise BootstrapError(f"meshccl backend: ranks of one host kept picking the same port ({EXCHANGE_ROUNDS} rounds)")
+
+
 def plan_from_store(store: Any, rank: int, size: int, gen: int, env: dict[str, str], token: str, job_id: str) -> Plan:
     """Every rank of the group linked to every other over the address it reaches MASTER_ADDR from,
     ports and host identities exchanged through the store."""
     if size == 1:
         return Plan(0, 1, source="torch store")
     address = _my_address(env, store)
-    port = _free_port_on_all([address])
     me = _mac(token, "meshccl/2 host identity", job_id, rendezvous.host_identity())
-    store.set(f"meshccl/{gen}/rank/{rank}", json.dumps([address, port, me]))
-    keys = [f"meshccl/{gen}/rank/{r}" for r in range(size)]
-    store.wait(keys)
-    table = [json.loads(bytes(store.get(k)).decode()) for k in keys]
+    table = _exchange(
+        store,
+        f"meshccl/{gen}/rank",
+        rank,
+        size,
+        lambda: _free_port_on_all([address]),
+        lambda port: [address, port, me],
+        lambda _r, e: (e[0], e[1], e[2]),
+    )
+    port = int(table[rank][1])
     peers = {r: ([(str(e[0]), int(e[1]))], -1) for r, e in enumerate(table) if r != rank}
     same_host = {r for r in peers if table[r][2] == me}
     return Plan(rank, size, [(address, port)], peers, True, True, 1, "torch store", same_host)
@@ -109,11 +151,16 @@ def plan_from_sub_hostfile(store: Any, rank: int, members: list[int], gen: int, 
     addrs = sorted({link["address"] for link in mine.get("links", [])})
     if sum(1 for g in members if entries[g]["host"] == mine["host"]) > 1:
         addrs.append("127.0.0.1")
-    port = _free_port_on_all(addrs or ["127.0.0.1"])
-    store.set(f"meshccl/{gen}/port/{rank}", str(port))
-    keys = [f"meshccl/{gen}/port/{r}" for r in range(len(members))]
-    store.wait(keys)
-    ports = [int(bytes(store.get(k)).decode()) for k in keys]
+    table = _exchange(
+        store,
+        f"meshccl/{gen}/port",
+        rank,
+        len(members),
+        lambda: _free_port_on_all(addrs or ["127.0.0.1"]),
+        lambda port: [port],
+        lambda r, e: (entries[members[r]]["host"], e[0]),
+    )
+    ports = [int(e[0]) for e in table]
     sub = dict(data)
     sub["world_size"] = len(members)
     sub["ranks"] = [dict(entries[g], rank=i, port=ports[i]) for i, g in enumerate(members)]
