@@ -133,6 +133,15 @@ def test_meshccl_json_under_torchrun_uses_every_cable(tmp_path):
         assert all(int(e.rsplit(":", 1)[1]) != base + peer for e in eps), results[me]
 
 
+def test_a_barriers_own_timeout_applies_to_it_alone():
+    """torch 2.13's `dist.barrier(timeout=...)` (BarrierOptions.timeout) in a group whose timeout is 120 s."""
+    results = torchrun(2, "barrier_timeout", {})
+    first = results[0]
+    assert 1.0 <= first["timed_out_after"] < 10.0, first  # its own 1 s, not the group's 120 s
+    assert "timed out" in first["error"].lower(), first
+    print(f"[barrier_timeout] rank 0 alone at a barrier with timeout 1 s raised after {first['timed_out_after']:.2f} s")
+
+
 @pytest.fixture
 def one_process_world(monkeypatch):
     """torch.distributed in this process (a HashStore); torn down afterwards."""

@@ -11,6 +11,8 @@ Scenarios:
   hostfile a meshccl.json layout (MESHCCL_HOSTFILE set, MESHCCL_RANK taken from torch's rank):
            all-reduces large and small, groups of some ranks and a second world group on
            fresh ports, DDP against Gloo.
+  barrier_timeout  dist.barrier(timeout=...) in a group with a long timeout of its own: passed, after an
+           async all_reduce a rank comes to late, and alone on rank 0 (meshccl.TimeoutError after its own timeout).
 """
 
 from __future__ import annotations
@@ -696,11 +698,50 @@ def scenario_hostfile(c: Checks) -> dict[str, Any]:
     return out
 
 
+def scenario_barrier_timeout(c: Checks) -> dict[str, Any]:
+    """`dist.barrier(timeout=...)` in a group whose own timeout is 120 s: the barrier's timeout is its alone."""
+    group_timeout = 120.0
+    dist.init_process_group("meshccl", timeout=datetime.timedelta(seconds=group_timeout))
+    comm = dist.distributed_c10d._get_default_group().communicator
+    store = dist.distributed_c10d._get_default_store()
+    me = dist.get_rank()
+    dist.barrier(timeout=datetime.timedelta(seconds=30))
+    c.true(f"the group's timeout is back after a barrier with its own: {comm.timeout}", comm.timeout == group_timeout)
+    # An all_reduce posted before a barrier with a 1 s timeout, rank 1 coming to it 1.5 s late: the all_reduce runs
+    # under the group's timeout, the barrier after it under its own.
+    if me == 1:
+        time.sleep(1.5)
+    x = value(me, 1000).float()
+    work = dist.all_reduce(x, async_op=True)
+    dist.barrier(timeout=datetime.timedelta(seconds=1))
+    work.wait()
+    c.eq(
+        "all_reduce posted before a barrier with a shorter timeout",
+        x,
+        reference("sum", dist.get_world_size(), 1000).float(),
+    )
+    out: dict[str, Any] = {}
+    if me == 0:  # the only rank at the barrier
+        start = time.monotonic()
+        out["error"] = c.raises(
+            "barrier no other rank comes to",
+            lambda: dist.barrier(timeout=datetime.timedelta(seconds=1)),
+            meshccl.TimeoutError,
+        )
+        out["timed_out_after"] = time.monotonic() - start
+        store.set("barrier_timeout_seen", "1")
+    else:
+        store.get("barrier_timeout_seen")
+    dist.destroy_process_group()
+    return out
+
+
 def main() -> int:
     scenario = sys.argv[1]
     c = Checks()
     try:
-        result = {"ops": scenario_ops, "hostfile": scenario_hostfile}[scenario](c)
+        scenarios = {"ops": scenario_ops, "hostfile": scenario_hostfile, "barrier_timeout": scenario_barrier_timeout}
+        result = scenarios[scenario](c)
     except Exception as e:  # reported for the test to show
         say(f"FAIL {type(e).__name__}: {e}")
         traceback.print_exc()

@@ -895,11 +895,35 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
     # -- barrier
 
     def barrier(self, opts: Any = None) -> _Work:
+        """`dist.barrier(timeout=...)` passes its timeout in `opts.timeout` (unset: -1 ms, the group's timeout
+        applies). With one, the barrier runs at once with that timeout alone: the operations posted before it
+        complete first under their own timeout, then the group's timeout is restored whatever happened. A rank that
+        does not come within it makes the barrier's Work raise meshccl.TimeoutError, and the group is then unusable,
+        as after any meshccl timeout."""
+
         def body(call: Callable[..., None]) -> Finish:
             call("barrier")
             return list
 
-        return self._run("barrier", body)
+        seconds = _timeout_seconds(getattr(opts, "timeout", None))
+        if seconds is None:
+            return self._run("barrier", body)
+        comm = self._live("barrier")
+        with self._lock:
+            self._flush_p2p_locked()
+            with self._unfinished_lock:
+                last = self._unfinished[-1] if self._unfinished else None
+            if last is not None:
+                self._complete_through(last)  # the engine is idle: the timeout below is this barrier's alone
+            before = comm.timeout
+            comm.timeout = seconds
+            try:
+                work = self._run("barrier", body)
+                self._complete_through(work._source())  # its error, if any, goes to whoever waits on the Work
+            finally:
+                with contextlib.suppress(meshccl.Error):  # closed meanwhile (abort)
+                    comm.timeout = before
+        return work
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """Gloo's monitored barrier, for callers of the group's method (torch.distributed.monitored_barrier itself
