@@ -23,7 +23,8 @@ only (no job-sized traffic). Nothing is configured or changed, on any host.
 Output: a live progress display, a table, the report as JSON, a Prometheus textfile
 (node_exporter's textfile collector) and the cabling picture coloured by measured bandwidth
 (<artifacts>/check/ by default). Exit status: 0 when nothing is flagged, 1 when anything is, 2 when
-the check could not run at all (bad options, an unreadable inventory).
+the check could not run at all (bad options, an unreadable inventory), 3 when --if-idle found a job
+holding a host and measured nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from meshkit import check_drift, launch_fast, launch_service, launch_settings
+from meshkit import check_drift, job_leases, launch_fast, launch_service, launch_settings
 from meshkit.launch_settings import default
 from meshkit.rates import parse_rate
 
@@ -97,6 +98,13 @@ def seconds(text: str) -> float:
     return value
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` (``check -i ...``) as `meshkit check` parses it (for meshkit watch's runs)."""
+    parser = argparse.ArgumentParser(prog="meshkit")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
 def add_parser(sub: Any) -> None:
     check = sub.add_parser(
         "check",
@@ -127,6 +135,9 @@ def add_parser(sub: Any) -> None:
     check.add_argument("-t", "--timeout", type=float, default=300.0,
                        help="stop the measurement after this many seconds (300)")  # fmt: skip
     launch_settings.add_flags(check, ["host_timeout"])  # as meshkit launch's
+    check.add_argument("--if-idle", action="store_true",
+                       help="measure nothing when a job this controller started holds any host (exit 3): a check "
+                       "would steal its bandwidth")  # fmt: skip
     check.add_argument("--recheck", action="store_true", help="run every check of launch.yml (discovery too)")
     check.add_argument("-v", "--verbose", action="store_true", help="show the preparation and the ranks' output")
     check.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
@@ -278,7 +289,8 @@ def measure(
     given = {"host_timeout": args.host_timeout, "timeout": args.timeout, "grace": default("grace")}
     start = launch_service.start_of(given, job, log_dir)
     values = launch_service.secrets(job, {})
-    outcome = launch_service.run(job, connections, values, start, write if args.verbose else None, on_line=on_line)
+    outcome = launch_service.run(job, connections, values, start, write if args.verbose else None, on_line=on_line,
+                                 purpose="check")  # fmt: skip
     result = outcome.result
     problems: list[dict[str, Any]] = []
     if not result.ok:
@@ -327,7 +339,38 @@ def displayed(display: Display, total: int) -> Iterator[None]:
         display.stop()
 
 
+class Busy(Exception):
+    """--if-idle, and a job holds some of the hosts: nothing was measured."""
+
+    def __init__(self, holders: list[dict[str, Any]], hosts: dict[str, str]) -> None:
+        names = {key: host for host, key in hosts.items()}
+        said = []
+        for lease in holders:
+            held = sorted({names[k] for k in (lease.get("hosts") or {}).values() if k in names})
+            since = datetime.datetime.fromtimestamp(float(lease.get("started") or 0)).strftime("%H:%M:%S")
+            said.append(f"job {lease.get('job_id')} ({lease.get('runtime')}) holds {', '.join(held)} since {since}")
+        super().__init__("; ".join(said))
+        self.holders = holders
+
+
 def run(args: argparse.Namespace) -> int:
+    from meshkit import check_report
+
+    try:
+        report, plan, context = perform(args)
+    except Busy as exc:
+        print(f"meshkit check: skipped (--if-idle): {exc}", file=sys.stderr)
+        return 3
+    print(check_report.table(report))
+    for line in write_outputs(args, report, plan, artifacts_dir(context)):
+        print(f"meshkit check: {line}", file=sys.stderr)
+    verdict = "nothing flagged" if report["ok"] else f"{len(report.get('problems') or [])} problem(s) flagged"
+    print(f"meshkit check: {verdict} in {report['seconds']:.1f} s", file=sys.stderr)
+    return 0 if report["ok"] else 1
+
+
+def perform(args: argparse.Namespace) -> tuple[dict[str, Any], dict | None, dict[str, Any]]:
+    """The check: (its report, the plan, the launch context); Busy when --if-idle and a job holds a host."""
     from meshkit import check_report
 
     started = time.monotonic()
@@ -342,6 +385,12 @@ def run(args: argparse.Namespace) -> int:
     if prepared:
         job, connections, context = prepared["job"], prepared["connections"], prepared.get("context") or {}
         plan = context.get("plan")
+        keys = job_leases.host_keys(connections)
+        context = {**context, "host_keys": sorted(keys.values())}
+        if getattr(args, "if_idle", False):
+            holders = job_leases.holding(set(keys.values()))
+            if holders:
+                raise Busy(holders, keys)
         display.say(f"job {job['job_id']}: {len(connections)} hosts; reading every host's configuration")
         facts, drift_items = host_drift(job, connections, context)
         items += drift_items
@@ -366,9 +415,4 @@ def run(args: argparse.Namespace) -> int:
         seconds=time.monotonic() - started,
     )
     report["checked_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    print(check_report.table(report))
-    for line in write_outputs(args, report, plan, artifacts_dir(context)):
-        print(f"meshkit check: {line}", file=sys.stderr)
-    verdict = "nothing flagged" if report["ok"] else f"{len(report.get('problems') or [])} problem(s) flagged"
-    print(f"meshkit check: {verdict} in {time.monotonic() - started:.1f} s", file=sys.stderr)
-    return 0 if report["ok"] else 1
+    return report, plan, context

@@ -802,6 +802,7 @@ def dot(plan: Mapping[str, Any], report: Mapping[str, Any], title: str) -> str:
             "taillabel": a["port"],
             "headlabel": b["port"],
             "tooltip": f"{display(key)} ({a['address']} / {b['address']})",
+            "id": edge_id(key),  # the SVG element of the cable (meshkit status's page finds it by this)
         }
         if entry is None:
             attrs.update(color=PLAIN, penwidth=1.5, style="dashed", label="not checked")
@@ -827,6 +828,12 @@ def dot(plan: Mapping[str, Any], report: Mapping[str, Any], title: str) -> str:
         )
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def edge_id(key: str) -> str:
+    """The cable's id in the picture's SVG: ``cable-`` and its key with every other character than
+    a letter, a digit or ``-`` made ``_`` (``cable-node1_tb0_-__node2_tb0``)."""
+    return "cable-" + "".join(c if c.isascii() and (c.isalnum() or c == "-") else "_" for c in key)
 
 
 def render(dot_text: str, path: str | os.PathLike[str]) -> Path:

@@ -6,6 +6,8 @@
   meshkit setup -i INVENTORY [ansible options]     converge the cluster (meshkit.cluster.setup)
   meshkit launch -i INVENTORY [options] -- PROGRAM [ARGS...]
   meshkit check -i INVENTORY [--quick] [options]   measure every cable and the cluster (meshkit/check.py)
+  meshkit watch enable|disable -i INVENTORY        the check on a schedule, for Prometheus (meshkit/watch.py)
+  meshkit status -i INVENTORY [--html FILE]        the last checks, a table and a page (meshkit/status_page.py)
 
 The playbooks are the collection's (meshkit.cluster.setup and friends) from the same install as
 this command; Ansible's configuration is the usual (ANSIBLE_CONFIG, ./ansible.cfg, ~/.ansible.cfg)
@@ -40,7 +42,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from meshkit import check, launch_service, launch_settings
+from meshkit import check, launch_service, launch_settings, watch
 from meshkit.collection import runner_env
 from meshkit.launch_settings import FLAGGED, PLAN, SETTING, START, dest
 
@@ -83,6 +85,8 @@ def parser() -> argparse.ArgumentParser:
                         help="more variables for launch.yml, as ansible-playbook -e takes them")  # fmt: skip
     launch.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
     check.add_parser(sub)
+    watch.add_parser(sub)
+    watch.add_status_parser(sub)
     return p
 
 
@@ -220,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             return check.run(args)
         except KeyboardInterrupt:
             return 130
+    if args.command == "watch":
+        return watch.main(args)
+    if args.command == "status":
+        return watch.status_main(args)
     return 2
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from meshkit import launch_fast, launch_mpi, launch_slurm
+from meshkit import job_leases, launch_fast, launch_mpi, launch_slurm
 from meshkit.collection import collection_root, runner_env
 from meshkit.launch_plan import HIDDEN, LaunchError, is_secret, preflight_problems, refusal, secret_values
 from meshkit.launch_settings import HINTS, SETTING, SETTINGS, check, default
@@ -376,10 +376,13 @@ def run(
     partial_flush: float | None = None,
     on_line: Callable[[Any, str], None] | None = None,
     preflight: dict[str, dict[str, Any]] | None = None,
+    purpose: str = "job",
 ) -> Outcome:
     """Start the prepared job and supervise it to its end. ``values``: secrets(). ``write(text,
     is_event)`` shows the output (a Terminal's writer, in its own thread); ``preflight``: every
-    host's preflight spec, checked by its agent before anything starts (Refused). NotStarted when
+    host's preflight spec, checked by its agent before anything starts (Refused, recorded for `meshkit
+    watch`). While the job runs it holds its hosts (job_leases: a scheduled check skips them; ``purpose`` "check"
+    for meshkit check's own). NotStarted when
     the scheduler cannot run the job."""
     try:
         if start.slurm:
@@ -421,8 +424,11 @@ def run(
                 raise
             if problems:
                 launcher.close()
+                job_leases.record_refusal(job, connections, problems)
                 raise Refused(job["job_id"], problems)
-        result = launcher.run()
+        with job_leases.held(job, connections, purpose) as lease:
+            result = launcher.run()
+            lease["outcome"], lease["reason"] = ("ok" if result.ok else "failed"), result.reason
     finally:
         if terminal is not None:
             terminal.close()  # what the terminal has not taken yet (this may wait for a paused pager)

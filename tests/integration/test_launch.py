@@ -27,6 +27,7 @@ import yaml
 from ansible_collections.meshkit.cluster.plugins.module_utils import meshccl_build
 
 from meshkit import lab_netns, launch_fast
+from meshkit.check_report import edge_id
 from meshkit.lab_spec import HOST_MGMT_PORT
 
 from .conftest import ENV, REPO, LabHandle, drop_lab, ip_json, new_lab, run_playbook, sh
@@ -1705,6 +1706,163 @@ def test_check_playbook_reports_as_meshkit_check_does(checked):
     report = json.loads((checked["artifacts"] / "check" / "check.json").read_text())
     assert report["quick"] and len(report["cables"]) == 6 and report["flagged"] == [mismatched], report
     assert all(c["rtt_us"] > 0 and c["loss"]["ab"] == 0 for c in report["cables"]), report
+
+
+# --- meshkit watch on the same lab: a live Prometheus and node_exporter, a real browser -----------------------------
+
+
+def crontab_lines() -> list[str]:
+    done = sh("crontab", "-l", check=False)
+    return done.stdout.splitlines() if done.returncode == 0 else []
+
+
+def test_watch_feeds_a_live_prometheus_that_alerts_on_the_one_throttled_cable_and_a_browser_shows_it(
+    checked: dict[str, Any], tmp_path: Path
+) -> None:
+    """`meshkit watch enable --scheduler cron` installs a crontab line; each "tick" runs that line's command as
+    cron runs it (/bin/sh, cron's bare environment) rather than waiting for cron's minute. Debian's
+    prometheus-node-exporter reads the textfile the runs write, Debian's prometheus scrapes it every second and
+    evaluates the shipped rules with their `for: 5m` made 2 s (promtool's unit tests cover the 5 minutes).
+    Healthy: no alert. One end of one cable at a quarter of its rate: MeshkitCableSlow fires for that cable, and
+    no other cable has an alert. Throttle gone: resolved. A run while a job holds the hosts: skipped, counted.
+    The status page the runs write, in headless Chromium: that cable red, with its figures and history.
+    `meshkit watch disable`: no crontab line left."""
+    from . import watch_stack as ws
+
+    name, end, _other = check_cable(checked["plan"], "node2", "node3")
+    quarter = f"{int(CHECK_BITS / 4 / 1e6)}mbit"
+    textfiles, state = tmp_path / "textfile", tmp_path / "state"
+    textfiles.mkdir()
+    env = dict(ENV, MESHKIT_LAUNCH_CACHE=str(checked["cache"]), MESHKIT_STATE_DIR=str(state))
+    inventory = str(checked["inventory"])
+    watch_dir = checked["artifacts"] / "watch"
+    kept = crontab_lines()
+
+    def meshkit(*words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([MESHKIT, *words], capture_output=True, text=True, env=env, cwd=REPO, check=False,
+                              stdin=subprocess.DEVNULL, timeout=600)  # fmt: skip
+
+    enabled = meshkit("watch", "enable", "-i", inventory, "--every", "1m", "--full-every", "1m",
+                      "--textfile-dir", str(textfiles), "--scheduler", "cron")  # fmt: skip
+    try:
+        assert enabled.returncode == 0, enabled.stdout + enabled.stderr
+        ours = [line for line in crontab_lines() if "meshkit-watch" in line]
+        assert len(ours) == 1 and ours[0].startswith("* * * * * cd "), crontab_lines()
+        assert [line for line in crontab_lines() if "meshkit-watch" not in line] == kept
+        scheduled = ours[0].split(" ", 5)[5]
+        textfile = Path(json.loads((watch_dir / "watch.json").read_text())["textfile"])
+        ticks: list[float] = []
+
+        def tick(expect: str) -> dict[str, Any]:
+            """One scheduled run, as cron starts it; the watch's state after it."""
+            started = time.monotonic()
+            done = subprocess.run(["/bin/sh", "-c", scheduled], env={"HOME": str(Path.home()), "LOGNAME": "root",
+                                  "PATH": "/usr/bin:/bin", "SHELL": "/bin/sh"}, capture_output=True, text=True,
+                                  check=False, timeout=600)  # fmt: skip
+            ticks.append(time.monotonic() - started)
+            log = (watch_dir / "watch.log").read_text()
+            assert done.returncode == 0, log[-4000:]
+            now = json.loads((watch_dir / "state.json").read_text())
+            assert now["last_outcome"] == expect, (now, log[-4000:])
+            return now
+
+        def settled(url: str, after: dict[str, Any]) -> None:
+            """Prometheus has scraped this run's textfile and evaluated every rule on it for longer than `for:`."""
+            ws.wait_for(
+                "Prometheus to scrape the run's textfile",
+                lambda: [
+                    r
+                    for r in ws.query(url, "meshkit_watch_last_run_timestamp_seconds")
+                    if float(r["value"][1]) == after["last_run_at"]
+                ],
+            )
+            seen = time.time()
+            ws.wait_for("every rule evaluated 3 s after the scrape", lambda: ws.evaluated_after(url, seen + 3))
+
+        with ws.prometheus(tmp_path / "prometheus", textfiles, "2s") as url:
+            after = tick("checked")
+            after = tick("checked")
+            settled(url, after)
+            assert ws.meshkit_alerts(url) == [], ws.meshkit_alerts(url)
+            ok = ws.query(url, "meshkit_check_ok")
+            assert [float(r["value"][1]) for r in ok] == [1.0], ok
+
+            try:
+                shape(checked["ports"][end], end[1], quarter)
+                after = tick("checked")
+            finally:
+                shape(checked["ports"][end], end[1], CHECK_RATE)
+            firing = ws.wait_for(
+                f"MeshkitCableSlow firing for {name}",
+                lambda: [
+                    a
+                    for a in ws.meshkit_alerts(url)
+                    if a["labels"]["alertname"] == "MeshkitCableSlow" and a["state"] == "firing"
+                ],
+                timeout=60,
+            )
+            assert {a["labels"]["cable"] for a in firing} == {name}, firing
+            settled(url, after)
+            alerts = ws.meshkit_alerts(url)
+            assert {a["labels"].get("cable") for a in alerts if "cable" in a["labels"]} == {name}, alerts
+            assert all("cable" in a["labels"] or a["labels"]["alertname"] == "MeshkitClusterAllReduceLow"
+                       for a in alerts), alerts  # fmt: skip
+            page = checked["where"] / "status-throttled.html"
+            shutil.copy(watch_dir / "status.html", page)
+
+            after = tick("checked")
+            ws.wait_for("every meshkit alert resolved", lambda: ws.meshkit_alerts(url) == [], timeout=60)
+            settled(url, after)
+            assert ws.meshkit_alerts(url) == []
+
+        # A job holds the hosts: the run is skipped, said and counted.
+        job = subprocess.Popen(
+            [MESHKIT, "launch", "-i", inventory, "-r", "plain", "-n", "1", "-t", "600", "--no-stdin", "--",
+             "sleep", "600"], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            ws.wait_for("the job's lease on its hosts", lambda: list((state / "jobs" / "running").glob("*.json")),
+                        timeout=300)  # fmt: skip
+            after = tick("skipped")
+        finally:
+            os.killpg(job.pid, signal.SIGINT)
+            job.communicate(timeout=120)
+        assert after["runs"] == {"checked": 4, "skipped": 1}, after
+        lines = (watch_dir / "history.jsonl").read_text().splitlines()
+        last = json.loads(lines[-1])
+        assert last["outcome"] == "skipped" and "holds node" in last["reason"], last
+        series = prometheus_series(textfile.read_text())
+        runs = {s[1]["outcome"]: s[2] for s in series if s[0] == "meshkit_watch_runs_total"}
+        assert runs == {"checked": 4.0, "skipped": 1.0, "failed": 0.0}, runs
+        # The figures of the last check stay in the textfile through the skipped run.
+        assert [s[2] for s in series if s[0] == "meshkit_check_ok"] == [1.0], series
+    finally:
+        disabled = meshkit("watch", "disable", "-i", inventory)
+        left = crontab_lines()
+        if left != kept:  # put back what was there, whatever happened
+            sh("sh", "-c", "crontab -r; true")
+            if kept:
+                subprocess.run(["crontab", "-"], input="\n".join(kept) + "\n", text=True, check=True)
+    assert disabled.returncode == 0, disabled.stdout + disabled.stderr
+    assert "removed 1 line(s)" in disabled.stdout, disabled.stdout
+    assert not [line for line in left if "meshkit-watch" in line] and left == kept, left
+    print(f"\n[watch] scheduled runs took {', '.join(f'{t:.1f}' for t in ticks)} s")
+
+    seen = ws.render(page, checked["artifacts"] / "status-throttled.png")
+    shutil.copy(page, checked["artifacts"] / "status-throttled.html")
+    rows = {r["cable"]: r for r in seen["rows"]}
+    assert len(rows) == 6, seen
+    red = "rgb(214, 39, 40)"
+    assert [c for c, r in rows.items() if r["colour"] == red] == [name], rows
+    slow = rows[name]
+    assert any("Mb/s" in cell for cell in slow["cells"]), slow
+    assert slow["points"] >= 3 and slow["red_points"] == 1, slow  # two healthy checks, then the throttled one
+    assert all(r["points"] >= 3 and r["red_points"] == 0 for c, r in rows.items() if c != name), rows
+    assert any(link.endswith("#slow") for link in slow["runbook"]), slow
+    edges = {e["id"]: e["stroke"] for e in seen["edges"]}
+    assert len(edges) == 6 and [i for i, s in edges.items() if s == red] == [edge_id(name.replace(" \u2194 ", " <-> "))]
+    assert "FLAGGED" in seen["summary"], seen["summary"]
 
 
 # --- Slurm (meshkit_slurm: true in the lab's inventory; the slurm role ran in the fixture's setup.yml) ----------

@@ -3,6 +3,7 @@ what `meshkit check` writes (metric names, labels, flags) and names a runbook en
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshkit import check_report as cr
+from meshkit import watch
 from meshkit.check_drift import FLAGS as DRIFT_FLAGS
 
 from .test_check_report import HALF, RATE, cable_record, mesh_report
@@ -62,13 +64,33 @@ def test_promtool_checks_the_rules_and_their_unit_tests_pass() -> None:
     assert "SUCCESS" in tested.stdout
 
 
+def symptoms() -> dict[str, str]:
+    """Every runbook entry's Symptom section, by the entry's heading."""
+    out = {}
+    for part in re.split(r"^## ", RUNBOOK.read_text(), flags=re.M)[1:]:
+        heading, _, body = part.partition("\n")
+        out[heading.strip()] = body.split("### Symptom", 1)[-1].split("### ", 1)[0]
+    return out
+
+
+# The watch's alerts (meshkit/watch.py's metrics): no flag; a refusal is an event, so no `for:`.
+WATCH_ALERTS = {"MeshkitWatchNotRunning": "watch-not-running", "MeshkitJobRefusedByPreflight": "preflight-refused"}
+
+
 def test_the_rules_read_only_metrics_meshkit_writes_and_every_alert_names_its_runbook() -> None:
     recorded = {rule["record"] for rule in rules() if "record" in rule}
     headings = set(re.findall(r"^## (\S+)$", RUNBOOK.read_text(), re.M))
+    entries = symptoms()
     for rule in rules():
         names = set(re.findall(r"\b[a-z_:]*meshkit_[a-z_:]+\b", rule["expr"]))
-        assert names and names <= set(cr.METRICS) | recorded, (rule.get("alert") or rule["record"], names)
+        assert names and names <= set(cr.METRICS) | set(watch.METRICS) | recorded, (rule.get("alert"), names)
         if "alert" not in rule:
+            continue
+        url = rule["annotations"]["runbook_url"]
+        if rule["alert"] in WATCH_ALERTS:
+            assert url.endswith(f"docs/runbooks/check.md#{WATCH_ALERTS[rule['alert']]}"), url
+            assert f"Prometheus alert `{rule['alert']}`" in entries[WATCH_ALERTS[rule["alert"]]], rule["alert"]
+            assert rule.get("for") or rule["alert"] == "MeshkitJobRefusedByPreflight", rule["alert"]
             continue
         matcher = flag_matcher(rule["expr"])
         assert matcher, rule["alert"]
@@ -81,6 +103,9 @@ def test_the_rules_read_only_metrics_meshkit_writes_and_every_alert_names_its_ru
         anchor = url.rsplit("#", 1)[1]
         wanted = flags if anchor == "{{ $labels.flag }}" else {anchor}
         assert wanted <= headings, (rule["alert"], wanted - headings)
+        # Each entry it links to starts its symptom with the alert's name (an operator paged by it finds it).
+        for flag in wanted & set(entries):
+            assert f"Prometheus alert `{rule['alert']}`" in entries[flag], (rule["alert"], flag)
         assert rule.get("for"), f"{rule['alert']}: no for:, one bad sample would page"
         assert rule["labels"]["severity"] in ("warning", "critical")
 
@@ -157,3 +182,45 @@ def test_a_real_check_of_a_half_rate_cable_fires_the_slow_alert_for_that_cable_a
     path.write_text(yaml.safe_dump(expected, sort_keys=False, allow_unicode=True))
     tested = promtool("test", "rules", str(path), cwd=tmp_path)
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+GRAFANA = ROOT / "prometheus" / "meshkit.grafana.json"
+
+
+def test_every_query_of_the_grafana_dashboard_parses_and_reads_only_what_meshkit_writes(tmp_path: Path) -> None:
+    """Each panel's query, its Grafana variables given values, becomes a recording rule that `promtool check rules`
+    parses (a query Prometheus would refuse fails it); every metric it names is one meshkit writes or records."""
+    dashboard = json.loads(GRAFANA.read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    variables = [v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    assert len(queries) >= 10 and variables == ["label_values(meshkit_check_ok, meshkit_cluster)"]
+    recorded = {rule["record"] for rule in rules() if "record" in rule}
+    known = set(cr.METRICS) | set(watch.METRICS) | recorded
+    for text in [*queries, *variables]:
+        names = set(re.findall(r"\b[a-z_:]*meshkit_[a-z0-9_:]+\b", text)) - {"meshkit_cluster"}
+        assert names and names <= known, (text, names - known)
+    given = [q.replace("$cluster", "lab|other") for q in queries]
+    assert not [q for q in given if "$" in q], given
+    path = tmp_path / "dashboard.rules.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "grafana",
+                        "rules": [{"record": f"grafana:panel_{i}", "expr": q} for i, q in enumerate(given)],
+                    }
+                ]
+            }
+        )
+    )
+    checked = promtool("check", "rules", str(path))
+    assert checked.returncode == 0 and f"SUCCESS: {len(given)} rules found" in checked.stdout, (
+        checked.stdout + checked.stderr
+    )
+    # A query promtool would not parse fails the same way (the check can fail).
+    path.write_text(
+        yaml.safe_dump({"groups": [{"name": "g", "rules": [{"record": "x:y", "expr": "rate(meshkit_check_ok[5m]"}]}]})
+    )
+    assert promtool("check", "rules", str(path)).returncode != 0
+    assert all(p["datasource"] == {"type": "prometheus", "uid": "${datasource}"} for p in dashboard["panels"])
