@@ -136,8 +136,8 @@ def add_parser(sub: Any) -> None:
                        help="stop the measurement after this many seconds (300)")  # fmt: skip
     launch_settings.add_flags(check, ["host_timeout"])  # as meshkit launch's
     check.add_argument("--if-idle", action="store_true",
-                       help="measure nothing when a job this controller started holds any host (exit 3): a check "
-                       "would steal its bandwidth")  # fmt: skip
+                       help="measure nothing when a job this controller started, or any Slurm job, holds a host "
+                       "(exit 3): a check would steal its bandwidth")  # fmt: skip
     check.add_argument("--recheck", action="store_true", help="run every check of launch.yml (discovery too)")
     check.add_argument("-v", "--verbose", action="store_true", help="show the preparation and the ranks' output")
     check.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
@@ -248,6 +248,7 @@ def host_drift(job: dict, connections: dict, context: dict) -> tuple[dict[str, d
     specs = launch_fast.check_specs(job, context)
     for spec in specs.values():
         spec["rdma"] = True
+        spec["slurm_jobs"] = True
     answers = launch_fast.run_checks(connections, specs)
     facts = {host: answer.get("facts") or {} for host, answer in answers.items()}
     items = check_drift.drift(context["plan"], facts)
@@ -342,15 +343,23 @@ def displayed(display: Display, total: int) -> Iterator[None]:
 class Busy(Exception):
     """--if-idle, and a job holds some of the hosts: nothing was measured."""
 
-    def __init__(self, holders: list[dict[str, Any]], hosts: dict[str, str]) -> None:
+    def __init__(
+        self, holders: list[dict[str, Any]], hosts: dict[str, str], slurm: dict[str, list[str]] | None = None
+    ) -> None:
         names = {key: host for host, key in hosts.items()}
         said = []
         for lease in holders:
             held = sorted({names[k] for k in (lease.get("hosts") or {}).values() if k in names})
             since = datetime.datetime.fromtimestamp(float(lease.get("started") or 0)).strftime("%H:%M:%S")
             said.append(f"job {lease.get('job_id')} ({lease.get('runtime')}) holds {', '.join(held)} since {since}")
+        by_job: dict[str, list[str]] = {}
+        for host, jobs in sorted((slurm or {}).items()):
+            for number in jobs:
+                by_job.setdefault(number, []).append(host)
+        said += [f"Slurm job {number} runs on {', '.join(on)}" for number, on in by_job.items()]
         super().__init__("; ".join(said))
         self.holders = holders
+        self.slurm = slurm or {}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -393,6 +402,9 @@ def perform(args: argparse.Namespace) -> tuple[dict[str, Any], dict | None, dict
                 raise Busy(holders, keys)
         display.say(f"job {job['job_id']}: {len(connections)} hosts; reading every host's configuration")
         facts, drift_items = host_drift(job, connections, context)
+        slurm = {host: f["slurm_jobs"] for host, f in facts.items() if f.get("slurm_jobs")}
+        if getattr(args, "if_idle", False) and slurm:
+            raise Busy([], keys, slurm)  # a job Slurm started (not through meshkit) holds these hosts
         items += drift_items
         cables = len((plan or {}).get("cables") or [])
         with displayed(display, steps_of(cables, args.quick)):

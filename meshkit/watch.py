@@ -99,7 +99,7 @@ def inventory_settings(inventory: str) -> dict[str, Any]:
     argv = [str(exe) if exe.exists() else "ansible-inventory", "-i", inventory, "--list"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **runner_env()},
-                              check=False, timeout=120)  # fmt: skip
+                              check=False, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise WatchError(f"{inventory}: ansible-inventory did not run ({exc})") from None
     if done.returncode != 0:
@@ -135,59 +135,120 @@ def config_path(artifacts: str | os.PathLike[str]) -> Path:
     return Path(artifacts) / "watch" / "watch.json"
 
 
-def enable(args: argparse.Namespace) -> int:
-    if args.full_every < args.every:
-        raise WatchError(f"--full-every {shown(args.full_every)} is shorter than --every {shown(args.every)}")
-    settings = inventory_settings(args.inventory)
-    where = Path(settings["artifacts"]) / "watch"
-    textfile_dir = Path(args.textfile_dir).resolve()
-    if not textfile_dir.is_dir():
+def desired(
+    inventory: str, every: int, full_every: int, textfile_dir: str, scheduler_name: str, check_args: list[str]
+) -> tuple[dict[str, Any], Path, Any]:
+    """The watch's configuration as enable would write it, where, and its scheduler; WatchError or ScheduleError
+    (bad input, a scheduler that cannot work here) before anything is written."""
+    if full_every < every:
+        raise WatchError(f"--full-every {shown(full_every)} is shorter than --every {shown(every)}")
+    settings = inventory_settings(inventory)
+    directory = Path(textfile_dir).resolve()
+    if not directory.is_dir():
         raise WatchError(
-            f"--textfile-dir {textfile_dir}: no such directory; give node_exporter's --collector.textfile.directory "
+            f"--textfile-dir {directory}: no such directory; give node_exporter's --collector.textfile.directory "
             "(Debian: /var/lib/prometheus/node-exporter)"
         )
-    scheduler = watch_schedule.choose(args.scheduler)
+    scheduler = watch_schedule.choose(scheduler_name)
     config = {
         "version": 1,
-        "inventory": str(Path(args.inventory).resolve()),
+        "inventory": str(Path(inventory).resolve()),
         "cluster": settings["cluster"],
         "artifacts": settings["artifacts"],
-        "every_s": args.every,
-        "full_every_s": args.full_every,
-        "textfile": str(textfile_dir / f"meshkit-{watch_schedule.slug(settings['cluster'])}.prom"),
-        "check_args": list(args.check_arg or []),
+        "every_s": every,
+        "full_every_s": full_every,
+        "textfile": str(directory / f"meshkit-{watch_schedule.slug(settings['cluster'])}.prom"),
+        "check_args": list(check_args),
         "scheduler": scheduler.name,
         "cwd": os.getcwd(),
         "python": sys.executable,
         "env": {k: v for k, v in os.environ.items() if KEPT_ENV.match(k)},
-        "enabled_at": time.time(),
     }
-    where.mkdir(parents=True, exist_ok=True)
     path = config_path(settings["artifacts"])
-    scheduler.check(config, path)  # before anything is written: can this scheduler be used here?
+    scheduler.check(config, path)
+    return config, path, scheduler
+
+
+def in_place(config: Mapping[str, Any], path: Path, scheduler: Any) -> bool:
+    """This configuration is the one written, and its schedule is installed as it would install it."""
+    return _read_json(path) == dict(config) and scheduler.installed(config, path)
+
+
+def install(config: dict[str, Any], path: Path, scheduler: Any) -> str:
     _write_json(path, config)
-    installed = scheduler.install(config, path)
-    print(f"meshkit watch: {settings['cluster']}: a check every {shown(args.every)} (full every "
-          f"{shown(args.full_every)}) by {scheduler.name}: {installed}")  # fmt: skip
-    print(f"meshkit watch: textfile {config['textfile']}; history and status page in {where}")
-    return 0
+    return scheduler.install(config, path)
 
 
-def disable(args: argparse.Namespace) -> int:
-    settings = inventory_settings(args.inventory)
+def remove(inventory: str) -> tuple[str, list[str], Any]:
+    """Every schedule of this inventory's watch removed (and the configuration marked so); (the cluster, what
+    was removed)."""
+    settings = inventory_settings(inventory)
     path = config_path(settings["artifacts"])
     config = _read_json(path)
     names = [config["scheduler"]] if config.get("scheduler") else list(watch_schedule.SCHEDULERS)
     removed = []
     for name in names:
-        removed += watch_schedule.SCHEDULERS[name]().remove({"cluster": settings["cluster"], **config}, path)
-    if path.exists():
-        config["disabled_at"] = time.time()
-        config.pop("enabled_at", None)
+        removed += watch_schedule.SCHEDULERS[name]().remove({**config, "cluster": settings["cluster"]}, path)
+    if config.get("scheduler"):
         _write_json(path, {**config, "scheduler": None})
-    said = "; ".join(removed) if removed else "no schedule was installed"
-    print(f"meshkit watch: {settings['cluster']}: {said} (history and textfile kept)")
+    return settings["cluster"], removed, path
+
+
+def enable(args: argparse.Namespace) -> int:
+    config, path, scheduler = desired(
+        args.inventory, args.every, args.full_every, args.textfile_dir, args.scheduler, args.check_arg or []
+    )
+    installed = install(config, path, scheduler)
+    print(f"meshkit watch: {config['cluster']}: a check every {shown(args.every)} (full every "
+          f"{shown(args.full_every)}) by {scheduler.name}: {installed}")  # fmt: skip
+    print(f"meshkit watch: textfile {config['textfile']}; history and status page in {path.parent}")
     return 0
+
+
+def disable(args: argparse.Namespace) -> int:
+    cluster, removed, _path = remove(args.inventory)
+    said = "; ".join(removed) if removed else "no schedule was installed"
+    print(f"meshkit watch: {cluster}: {said} (history and textfile kept)")
+    return 0
+
+
+# --- the task (meshkit.cluster.watch, playbooks/watch.yml; plugins/modules/watch.py documents it) --------
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "inventory": {"type": "path", "required": True},
+    "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+    "every": {"type": "str", "default": "15m"},
+    "full_every": {"type": "str", "default": "6h"},
+    "textfile_dir": {"type": "path", "default": "/var/lib/prometheus/node-exporter"},
+    "scheduler": {"type": "str", "choices": ["auto", "systemd", "launchd", "cron"], "default": "auto"},
+    "check_args": {"type": "list", "elements": "str", "default": []},
+}
+
+
+def run_task(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
+    """`meshkit watch enable` (state present) or `disable` (absent) as a task: changed only when the schedule or
+    its configuration differs; check mode says so and changes nothing."""
+    try:
+        if params["state"] == "absent":
+            settings = inventory_settings(params["inventory"])
+            path = config_path(settings["artifacts"])
+            config = {**_read_json(path), "cluster": settings["cluster"]}
+            there = [n for n, kind in watch_schedule.SCHEDULERS.items() if kind().installed_any(config, path)]
+            if check_mode or not there:
+                return {"changed": bool(there), "removed": there}
+            _cluster, removed, _ = remove(params["inventory"])
+            return {"changed": True, "removed": removed}
+        every, full_every = duration(params["every"]), duration(params["full_every"])
+        config, path, scheduler = desired(params["inventory"], every, full_every, params["textfile_dir"],
+                                          params["scheduler"], params["check_args"])  # fmt: skip
+        result = {"config": str(path), "scheduler": scheduler.name, "textfile": config["textfile"]}
+        if in_place(config, path, scheduler):
+            return {"changed": False, **result}
+        if not check_mode:
+            result["installed"] = install(config, path, scheduler)
+        return {"changed": True, **result}
+    except (WatchError, watch_schedule.ScheduleError, argparse.ArgumentTypeError) as exc:
+        return {"failed": True, "msg": str(exc)}
 
 
 # --- one scheduled run ---------------------------------------------------------------------------
@@ -343,8 +404,10 @@ def run_once(config_file: str) -> int:
         from meshkit.check_report import write_prometheus
 
         write_prometheus(config["textfile"], textfile(config, state, report, len(job_leases.refusals(keys))))
-        with contextlib.suppress(Exception):  # the page is for people; a run never fails for it
+        try:
             status_page.write(where / "status.html", where, config)
+        except Exception as exc:  # the page is for people; a run never fails for it, but says so
+            print(f"meshkit watch run: status page not written: {type(exc).__name__}: {exc}", file=sys.stderr)
     flagged = ", ".join((report or {}).get("flagged") or []) if outcome == "checked" else ""
     print(f"meshkit watch run: {datetime.datetime.now().isoformat(timespec='seconds')} {outcome}"
           + (f": {reason}" if reason else "") + (f"; flagged {flagged}" if flagged else ""))  # fmt: skip

@@ -101,6 +101,18 @@ class Systemd:
                 raise ScheduleError(f"{shlex.join(argv)}: {done.stderr.strip()}")
         return f"timer {timer} in {self.unit_dir} (systemctl{' --user' if self.user else ''} list-timers)"
 
+    def installed(self, config: dict[str, Any], path: Path) -> bool:
+        units = self.units(config, path)
+        same = all((self.unit_dir / n).is_file() and (self.unit_dir / n).read_text() == t for n, t in units.items())
+        if not same or not self.running():
+            return same
+        timer = next(n for n in units if n.endswith(".timer"))
+        return _run(self.systemctl("is-enabled", timer)).stdout.strip() == "enabled"
+
+    def installed_any(self, config: dict[str, Any], path: Path) -> bool:
+        units = self.units({"full_every_s": 0, "every_s": 0, "cwd": "/", "python": "", **config}, path)
+        return any((self.unit_dir / n).exists() for n in units)
+
     def remove(self, config: dict[str, Any], path: Path) -> list[str]:
         units = self.units({"full_every_s": 0, "every_s": 0, "cwd": "/", "python": "", **config}, path)
         there = [n for n in units if (self.unit_dir / n).exists()]
@@ -160,6 +172,13 @@ class Launchd:
         if done.returncode != 0:
             raise ScheduleError(f"launchctl bootstrap {domain} {target}: {done.stderr.strip()}")
         return f"agent {target} (launchctl print {domain}/{self.label(config)})"
+
+    def installed(self, config: dict[str, Any], path: Path) -> bool:
+        target = self.agent_dir / f"{self.label(config)}.plist"
+        return target.is_file() and target.read_bytes() == self.plist(config, path)
+
+    def installed_any(self, config: dict[str, Any], path: Path) -> bool:
+        return (self.agent_dir / f"{self.label(config)}.plist").exists()
 
     def remove(self, config: dict[str, Any], path: Path) -> list[str]:
         target = self.agent_dir / f"{self.label(config)}.plist"
@@ -226,6 +245,12 @@ class Cron:
         lines = [line for line in self.current() if not line.endswith(ours)]
         self.store([*lines, self.line(config, path)])
         return "a line of this user's crontab (crontab -l)"
+
+    def installed(self, config: dict[str, Any], path: Path) -> bool:
+        return self.running() and self.line(config, path) in self.current()
+
+    def installed_any(self, config: dict[str, Any], path: Path) -> bool:
+        return self.running() and any(line.endswith(self.marker(config)) for line in self.current())
 
     def remove(self, config: dict[str, Any], path: Path) -> list[str]:
         if not self.running():

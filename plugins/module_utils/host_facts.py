@@ -18,6 +18,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -210,6 +211,27 @@ def rdma_state(sysfs_root: str, torch_env: bytes | None) -> dict:
     return {"sysfs_root": sysfs_root, "ports": rdma_sysfs(sysfs_root), "env": env}
 
 
+def slurm_jobs(proc_root: str = "/proc") -> list[str]:
+    """The Slurm jobs with a step on this host now (Linux): slurmd starts one ``slurmstepd`` per step, whose
+    command line it sets to ``slurmstepd: [<job>.<step>]`` (``[123.batch]``, ``[123.0]``, ``[123.extern]``).
+    Sorted job ids; [] without /proc."""
+    jobs = set()
+    try:
+        pids = [name for name in os.listdir(proc_root) if name.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(os.path.join(proc_root, pid, "cmdline"), "rb") as handle:
+                line = handle.read(200).replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        found = re.match(r"slurmstepd: \[(\d+)[._]", line)
+        if found:
+            jobs.add(found.group(1))
+    return sorted(jobs, key=int)
+
+
 def host_facts(spec: dict) -> dict:
     """What `meshkit launch` compares with what setup.yml left, instead of discovering again
     (Linux): the hostfiles' fingerprint, torch.env, the meshccl build, and per planned cable
@@ -219,7 +241,8 @@ def host_facts(spec: dict) -> dict:
     For `meshkit check` (meshkit/check_drift.py) also, per planned port: its MTU, its negotiated
     speed in Mb/s (sysfs; None where the driver does not say), and the IPv4 routes of the main
     table leaving through it other than its planned network and the planned host route to the
-    peer; with ``spec["rdma"]``, ``facts["rdma"]`` (rdma_state(): sysfs under
+    peer; with ``spec["slurm_jobs"]``, ``facts["slurm_jobs"]`` (slurm_jobs()); with ``spec["rdma"]``,
+    ``facts["rdma"]`` (rdma_state(): sysfs under
     ``spec["sysfs_root"]`` next to torch.env's NCCL_IB_* variables)."""
     state_dir = spec.get("state_dir") or "/var/lib/meshkit"
     facts: dict = {"platform": sys.platform}
@@ -246,6 +269,8 @@ def host_facts(spec: dict) -> dict:
         return facts
     if spec.get("rdma"):
         facts["rdma"] = rdma_state(spec.get("sysfs_root") or "/sys", torch_env)
+    if spec.get("slurm_jobs"):
+        facts["slurm_jobs"] = slurm_jobs(spec.get("proc_root") or "/proc")
     links = spec.get("links") or []
     interfaces, routes = _ip(["address show", *(f"route get {link['peer_address']}" for link in links)])
     by_port = _routes() if links else {}

@@ -30,7 +30,7 @@ from meshkit import lab_netns, launch_fast
 from meshkit.check_report import edge_id
 from meshkit.lab_spec import HOST_MGMT_PORT
 
-from .conftest import ENV, REPO, LabHandle, drop_lab, ip_json, new_lab, run_playbook, sh
+from .conftest import ENV, REPO, LabHandle, PlaybookRun, drop_lab, ip_json, new_lab, run_playbook, sh
 
 PROGRAMS = Path(__file__).parent / "programs"
 PYTHON = str(REPO / ".venv" / "bin" / "python")
@@ -1849,6 +1849,29 @@ def test_watch_feeds_a_live_prometheus_that_alerts_on_the_one_throttled_cable_an
     assert not [line for line in left if "meshkit-watch" in line] and left == kept, left
     print(f"\n[watch] scheduled runs took {', '.join(f'{t:.1f}' for t in ticks)} s")
 
+    # The same through Ansible (watch.yml: the meshkit.cluster.watch task): check mode writes nothing, a second run
+    # changes nothing, state=absent takes the line away (and then changes nothing either).
+    def play(*extra: str) -> PlaybookRun:
+        given = ["-e", "watch_scheduler=cron", "-e", f"watch_textfile_dir={textfiles}", "-e", "watch_every=5m"]
+        return run_playbook("watch.yml", *given, *extra, inventory=inventory)
+
+    try:
+        runs = {"check": play("--check"), "first": play()}
+        mine = [line for line in crontab_lines() if "meshkit-watch" in line]
+        runs |= {"second": play(), "absent": play("-e", "watch_state=absent")}
+        runs["absent again"] = play("-e", "watch_state=absent")
+        left = crontab_lines()
+    finally:
+        if crontab_lines() != kept:
+            sh("sh", "-c", "crontab -r; true")
+            if kept:
+                subprocess.run(["crontab", "-"], input="\n".join(kept) + "\n", text=True, check=True)
+    assert all(r.rc == 0 for r in runs.values()), {k: r.output[-2000:] for k, r in runs.items() if r.rc}
+    assert {k: r.changed for k, r in runs.items()} == {"check": 1, "first": 1, "second": 0, "absent": 1,
+                                                        "absent again": 0}  # fmt: skip
+    assert len(mine) == 1 and mine[0].startswith("*/5 * * * * cd "), mine
+    assert left == kept, left
+
     seen = ws.render(page, checked["artifacts"] / "status-throttled.png")
     shutil.copy(page, checked["artifacts"] / "status-throttled.html")
     rows = {r["cable"]: r for r in seen["rows"]}
@@ -2212,3 +2235,36 @@ def test_slurm_state_absent_takes_slurm_away_and_a_second_run_changes_nothing(la
     for host, names in own.items():
         starting = re.findall(rf"^S\d+(?:{names})$", in_host(host, links), re.M)
         assert starting == [], (host, starting)
+
+
+def test_a_check_if_idle_measures_nothing_while_a_slurm_job_meshkit_did_not_start_runs(lab, checked):
+    """A batch job submitted with Slurm's own sbatch (no meshkit lease): `meshkit check --if-idle` (what meshkit
+    watch runs) finds its step on the host (slurmstepd), measures nothing, names the job and exits 3."""
+    handle, _artifacts = lab
+    number = on_node(handle, "node1", "sbatch --parsable --nodes=1 --wrap 'sleep 600'").strip().split(";")[0]
+    assert number.isdigit(), number
+    out = checked["where"] / "slurm-busy.json"
+    try:
+        wait_for(
+            f"Slurm job {number} running",
+            lambda: on_node(handle, "node1", f"squeue --noheader --jobs={number} --format=%T").strip() == "RUNNING",
+            within=60,
+            every=0.5,
+        )
+        node = on_node(handle, "node1", f"squeue --noheader --jobs={number} --format=%N").strip()
+        proc = subprocess.run(
+            [PYTHON, MESHKIT, "check", "-i", str(checked["inventory"]), "--quick", "--if-idle", "--json", str(out)],
+            capture_output=True, text=True, env=dict(ENV, MESHKIT_LAUNCH_CACHE=str(checked["cache"])), cwd=REPO,
+            timeout=600, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        on_node(handle, "node1", f"scancel {number}")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"skipped (--if-idle): Slurm job {number} runs on {node}" in proc.stderr, proc.stderr
+    assert not out.exists()
+    wait_for(
+        "Slurm's queue empty",
+        lambda: on_node(handle, "node1", "squeue --noheader --format='%i %j %T'").strip() == "",
+        within=60,
+        every=0.5,
+    )

@@ -18,12 +18,18 @@ from ansible_collections.meshkit.cluster.plugins.action import cabling_plan as p
 from ansible_collections.meshkit.cluster.plugins.module_utils.hostfiles import fingerprint
 from ansible_collections.meshkit.cluster.plugins.plugin_utils.controller import ControllerStep
 
-from meshkit import cabling_picture, cabling_plan, lab, meshccl_wheel
+from meshkit import cabling_picture, cabling_plan, lab, meshccl_wheel, watch
 
 from .module_harness import run_action
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = {"cabling_plan": cabling_plan, "cabling_picture": cabling_picture, "meshccl_wheel": meshccl_wheel, "lab": lab}
+STEPS = {
+    "cabling_plan": cabling_plan,
+    "cabling_picture": cabling_picture,
+    "meshccl_wheel": meshccl_wheel,
+    "lab": lab,
+    "watch": watch,
+}
 POOL = "198.18.128.0/17"
 
 

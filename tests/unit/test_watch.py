@@ -399,3 +399,22 @@ def test_meshkit_status_without_a_watch_shows_the_last_check_and_writes_the_page
     assert "FLAGGED" in out and "watch: no scheduled check (meshkit watch enable)" in out, out
     text = page.read_text()
     assert text.count('<tr class="cable flagged"') == 1 and text.count("<circle") == 3, text
+
+
+def test_the_watch_task_fails_on_bad_input_and_absent_with_nothing_installed_changes_nothing(tmp_path: Path) -> None:
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text(
+        "all:\n  children:\n    cluster:\n      hosts:\n        node1: {ansible_connection: local}\n"
+        f"      vars:\n        meshkit_cluster_name: tiny\n        meshkit_artifacts_dir: {tmp_path / 'artifacts'}\n"
+    )
+    params = {"inventory": str(inventory), "state": "present", "every": "15m", "full_every": "6h",
+              "textfile_dir": str(tmp_path), "scheduler": "cron", "check_args": []}  # fmt: skip
+    assert watch.run_task({**params, "every": "soon"}, check_mode=False) == {
+        "failed": True,
+        "msg": "'soon': give a duration such as 90s, 15m, 6h or 1d",
+    }
+    failed = watch.run_task({**params, "textfile_dir": str(tmp_path / "none")}, check_mode=True)
+    assert failed["failed"] and "no such directory" in failed["msg"], failed
+    assert not (tmp_path / "artifacts").exists()
+    # Nothing installed for this cluster under its own name (another cluster's schedule is not touched).
+    assert watch.run_task({**params, "state": "absent"}, check_mode=False) == {"changed": False, "removed": []}
