@@ -171,7 +171,7 @@ def desired(
 
 def in_place(config: Mapping[str, Any], path: Path, scheduler: Any) -> bool:
     """This configuration is the one written, and its schedule is installed as it would install it."""
-    return _read_json(path) == dict(config) and scheduler.installed(config, path)
+    return status_page.read_json(path) == dict(config) and scheduler.installed(config, path)
 
 
 def install(config: dict[str, Any], path: Path, scheduler: Any) -> str:
@@ -184,7 +184,7 @@ def remove(inventory: str) -> tuple[str, list[str], Any]:
     was removed)."""
     settings = inventory_settings(inventory)
     path = config_path(settings["artifacts"])
-    config = _read_json(path)
+    config = status_page.read_json(path)
     names = [config["scheduler"]] if config.get("scheduler") else list(watch_schedule.SCHEDULERS)
     removed = []
     for name in names:
@@ -232,7 +232,7 @@ def run_task(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
         if params["state"] == "absent":
             settings = inventory_settings(params["inventory"])
             path = config_path(settings["artifacts"])
-            config = {**_read_json(path), "cluster": settings["cluster"]}
+            config = {**status_page.read_json(path), "cluster": settings["cluster"]}
             there = [n for n, kind in watch_schedule.SCHEDULERS.items() if kind().installed_any(config, path)]
             if check_mode or not there:
                 return {"changed": bool(there), "removed": there}
@@ -252,14 +252,6 @@ def run_task(params: dict[str, Any], check_mode: bool) -> dict[str, Any]:
 
 
 # --- one scheduled run ---------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -353,7 +345,7 @@ def run_once(config_file: str) -> int:
     from meshkit import check
 
     path = Path(config_file)
-    config = _read_json(path)
+    config = status_page.read_json(path)
     if not config.get("inventory"):
         print(f"meshkit watch run: {path}: no watch configuration here; run meshkit watch enable", file=sys.stderr)
         return 2
@@ -364,10 +356,10 @@ def run_once(config_file: str) -> int:
     where = path.parent
     now = time.time()
     with _only_run(where) as alone:
-        state = _read_json(where / "state.json")
+        state = status_page.read_json(where / "state.json")
         runs = state.setdefault("runs", {})
-        last_full = _read_json(where / "check-full.json")
-        report: dict[str, Any] | None = _read_json(where / "check-merged.json") or None
+        last_full = status_page.read_json(where / "check-full.json")
+        report: dict[str, Any] | None = status_page.read_json(where / "check-merged.json") or None
         outcome, reason = "checked", ""
         keys: set[str] = set(state.get("host_keys") or [])
         if not alone:

@@ -2162,6 +2162,40 @@ def test_slurm_through_launch_yml(lab):
     assert rc != 0 and f"rank 6 ({ring[3]}) exited with exit code 4 (reported by srun" in output, output
 
 
+def test_a_check_if_idle_measures_nothing_while_a_slurm_job_meshkit_did_not_start_runs(lab, checked):
+    """A batch job submitted with Slurm's own sbatch (no meshkit lease): `meshkit check --if-idle` (what meshkit
+    watch runs) finds its step on the host (slurmstepd), measures nothing, names the job and exits 3. (Before
+    the test that takes Slurm away, below.)"""
+    handle, _artifacts = lab
+    number = on_node(handle, "node1", "sbatch --parsable --nodes=1 --wrap 'sleep 600'").strip().split(";")[0]
+    assert number.isdigit(), number
+    out = checked["where"] / "slurm-busy.json"
+    try:
+        wait_for(
+            f"Slurm job {number} running",
+            lambda: on_node(handle, "node1", f"squeue --noheader --jobs={number} --format=%T").strip() == "RUNNING",
+            within=60,
+            every=0.5,
+        )
+        node = on_node(handle, "node1", f"squeue --noheader --jobs={number} --format=%N").strip()
+        proc = subprocess.run(
+            [PYTHON, MESHKIT, "check", "-i", str(checked["inventory"]), "--quick", "--if-idle", "--json", str(out)],
+            capture_output=True, text=True, env=dict(ENV, MESHKIT_LAUNCH_CACHE=str(checked["cache"])), cwd=REPO,
+            timeout=600, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        on_node(handle, "node1", f"scancel {number}")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"skipped (--if-idle): Slurm job {number} runs on {node}" in proc.stderr, proc.stderr
+    assert not out.exists()
+    wait_for(
+        "Slurm's queue empty",
+        lambda: on_node(handle, "node1", "squeue --noheader --format='%i %j %T'").strip() == "",
+        within=60,
+        every=0.5,
+    )
+
+
 MUNGE_KEY = "/etc/munge/munge.key"
 
 
@@ -2235,36 +2269,3 @@ def test_slurm_state_absent_takes_slurm_away_and_a_second_run_changes_nothing(la
     for host, names in own.items():
         starting = re.findall(rf"^S\d+(?:{names})$", in_host(host, links), re.M)
         assert starting == [], (host, starting)
-
-
-def test_a_check_if_idle_measures_nothing_while_a_slurm_job_meshkit_did_not_start_runs(lab, checked):
-    """A batch job submitted with Slurm's own sbatch (no meshkit lease): `meshkit check --if-idle` (what meshkit
-    watch runs) finds its step on the host (slurmstepd), measures nothing, names the job and exits 3."""
-    handle, _artifacts = lab
-    number = on_node(handle, "node1", "sbatch --parsable --nodes=1 --wrap 'sleep 600'").strip().split(";")[0]
-    assert number.isdigit(), number
-    out = checked["where"] / "slurm-busy.json"
-    try:
-        wait_for(
-            f"Slurm job {number} running",
-            lambda: on_node(handle, "node1", f"squeue --noheader --jobs={number} --format=%T").strip() == "RUNNING",
-            within=60,
-            every=0.5,
-        )
-        node = on_node(handle, "node1", f"squeue --noheader --jobs={number} --format=%N").strip()
-        proc = subprocess.run(
-            [PYTHON, MESHKIT, "check", "-i", str(checked["inventory"]), "--quick", "--if-idle", "--json", str(out)],
-            capture_output=True, text=True, env=dict(ENV, MESHKIT_LAUNCH_CACHE=str(checked["cache"])), cwd=REPO,
-            timeout=600, check=False, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    finally:
-        on_node(handle, "node1", f"scancel {number}")
-    assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert f"skipped (--if-idle): Slurm job {number} runs on {node}" in proc.stderr, proc.stderr
-    assert not out.exists()
-    wait_for(
-        "Slurm's queue empty",
-        lambda: on_node(handle, "node1", "squeue --noheader --format='%i %j %T'").strip() == "",
-        within=60,
-        every=0.5,
-    )

@@ -428,6 +428,15 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
                 self._unfinished.append(op)
         return op
 
+    def _drain_locked(self) -> None:
+        """(Under self._lock.) The held-back sends and receives posted and every operation posted so far
+        completed: nothing of the group runs in meshccl, so a timeout set now is the next call's alone."""
+        self._flush_p2p_locked()
+        with self._unfinished_lock:
+            last = self._unfinished[-1] if self._unfinished else None
+        if last is not None:
+            self._complete_through(last)
+
     def _complete_through(self, op: _Op) -> None:
         """Completes `op` and every operation posted before it (meshccl runs them in order, so
         they have ended too): an async operation nobody waited on still gets its finishing step
@@ -910,11 +919,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
             return self._run("barrier", body)
         comm = self._live("barrier")
         with self._lock:
-            self._flush_p2p_locked()
-            with self._unfinished_lock:
-                last = self._unfinished[-1] if self._unfinished else None
-            if last is not None:
-                self._complete_through(last)  # the engine is idle: the timeout below is this barrier's alone
+            self._drain_locked()  # the engine is idle: the timeout below is this barrier's alone
             before = comm.timeout
             comm.timeout = seconds
             try:
@@ -939,11 +944,7 @@ class ProcessGroupMeshccl(dist.ProcessGroup):
         n = self._size
         with self._lock:
             self.calls["monitored_barrier"] += 1
-            self._flush_p2p_locked()
-            with self._unfinished_lock:
-                last = self._unfinished[-1] if self._unfinished else None
-            if last is not None:
-                self._complete_through(last)  # the engine is idle: the timeout below is this call's alone
+            self._drain_locked()  # the engine is idle: the timeout below is this call's alone
             before = comm.timeout
             one = torch.ones(1, dtype=torch.uint8)
             got = torch.zeros(1, dtype=torch.uint8)
