@@ -333,11 +333,9 @@ def textfile(config: Mapping[str, Any], state: Mapping[str, Any], report: Mappin
     return text + "\n".join(lines) + "\n"
 
 
-def check_argv(config: Mapping[str, Any], where: Path, quick: bool) -> list[str]:
-    return [
-        "check", "-i", config["inventory"], "--if-idle", "--json", str(where / "check-last.json"),
-        "--picture", str(where / "cabling-check.svg"), *(["--quick"] if quick else []), *config.get("check_args", []),
-    ]  # fmt: skip
+def check_argv(config: Mapping[str, Any], quick: bool) -> list[str]:
+    """The check a run makes (check.perform: no output of its own; the run writes the reports it keeps)."""
+    return ["check", "-i", config["inventory"], "--if-idle", *(["--quick"] if quick else []), *config["check_args"]]
 
 
 def run_once(config_file: str) -> int:
@@ -368,7 +366,7 @@ def run_once(config_file: str) -> int:
             due = now - float(state.get("last_full_at") or 0) >= config["full_every_s"] - config["every_s"] / 2
             # A full check every run when --full-every is --every; else once it is due (within half an interval).
             quick = bool(last_full) and config["full_every_s"] > config["every_s"] and not due
-            args = check.parse(check_argv(config, where, quick))
+            args = check.parse(check_argv(config, quick))
             try:
                 fresh, plan, context = check.perform(args)
             except check.Busy as exc:
