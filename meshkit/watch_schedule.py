@@ -231,7 +231,13 @@ class Cron:
         return done.stdout.splitlines()
 
     def store(self, lines: list[str]) -> None:
-        done = _run([*self.crontab, "-"], stdin="\n".join(lines) + "\n" if lines else "")
+        """The crontab made of these lines; none: no crontab at all (as before the first install)."""
+        if not lines:
+            done = _run([*self.crontab, "-r"])
+            if done.returncode != 0 and "no crontab" not in done.stderr.lower():
+                raise ScheduleError(f"crontab -r: {done.stderr.strip()}")
+            return
+        done = _run([*self.crontab, "-"], stdin="\n".join(lines) + "\n")
         if done.returncode != 0:
             raise ScheduleError(f"crontab -: {done.stderr.strip()}")
 
