@@ -338,3 +338,15 @@ def test_steady_rate_leaves_out_a_stall_but_never_a_cable_slow_throughout() -> N
     assert steady_rate(piece, stamps([0.01] * 12 + [0.2] * 4)) == pytest.approx(14 * piece / (0.12 + 0.4))
     # A late receiver moves time between neighbouring pieces; the sum is what counts.
     assert steady_rate(piece, stamps([0.005, 0.015] * 8)) == pytest.approx(100e6)
+
+
+def test_steady_rate_leaves_out_what_arrived_during_a_stall_with_it() -> None:
+    """A receiver that does not run for 60 ms (a busy machine) reads the 6 pieces that came meanwhile at once from
+    its socket's buffer: left out with the stall, the cable reads its rate, not 2.5 times it (as before)."""
+    from meshccl.linkcheck import steady_rate
+
+    took = [0.01] * 8 + [0.07] + [0.0001] * 6 + [0.01]
+    stamps = [0.0]
+    for t in took:
+        stamps.append(stamps[-1] + t)
+    assert steady_rate(1_000_000, stamps) == pytest.approx(100e6)

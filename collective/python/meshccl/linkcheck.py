@@ -53,7 +53,8 @@ CHUNK = 1 << 20  # bytes of the probe that sizes a direction's timed transfer
 # A timed transfer is PIECES pieces, each timed; the figure is bytes over time without at most
 # STALLS_LEFT_OUT pieces that took over STALL times the median piece: one stall (a retransmit
 # timeout after a lost packet, 200 ms or more) does not make a healthy cable look slow, while a
-# cable slow throughout is slow in every piece. Lost packets are the loss phase's to show.
+# cable slow throughout is slow in every piece. Lost packets are the loss phase's to show. The
+# pieces read at once right after a stall go with it (steady_rate).
 PIECES = 16
 STALL, STALLS_LEFT_OUT = 3.0, 2
 MIN_PIECE, MAX_PIECE = 64 << 10, 64 << 20
@@ -124,8 +125,19 @@ def steady_rate(piece: int, stamps: list[float]) -> float:
     each), leaving out at most STALLS_LEFT_OUT stalls (see PIECES)."""
     took = [b - a for a, b in zip(stamps, stamps[1:])]
     typical = statistics.median(took)
-    stalls = sorted((t for t in took if t > STALL * typical), reverse=True)[:STALLS_LEFT_OUT]
-    return rate(piece * (len(took) - len(stalls)), sum(took) - sum(stalls))
+    stalls = sorted((i for i, t in enumerate(took) if t > STALL * typical), key=lambda i: -took[i])
+    out = set()
+    for stall in stalls[:STALLS_LEFT_OUT]:
+        out.add(stall)
+        # The pieces read at once after a stall (far faster than the typical piece) arrived during it and
+        # waited in the socket's buffer, the receiver not running: they go with it, or they would count
+        # a stall's bytes without its time (a 100 Mb/s cable read 450 Mb/s on a busy 2-core machine).
+        after = stall + 1
+        while after < len(took) and took[after] * STALL < typical:
+            out.add(after)
+            after += 1
+    kept = [t for i, t in enumerate(took) if i not in out]
+    return rate(piece * len(kept), sum(kept))
 
 
 # --- the hostfile's cables ---------------------------------------------------------------------
